@@ -1,0 +1,1 @@
+"""Shared vocabulary used by every layer of k3serve: configs and deterministic hashing."""

@@ -1,0 +1,105 @@
+"""The forward context: per-step batch metadata every layer reads, and the model's cache tensors.
+
+A step runs a packed batch of ``B`` sequences, ``N`` new tokens in all (prefill chunks and decodes mixed).
+Sequence ``i`` owns the new tokens ``cu_seqlens[i]:cu_seqlens[i+1]`` and had ``cached_lens[i]`` tokens
+in its caches before the step.
+
+Caches (allocated by the engine or ``models.cache.allocate_caches``):
+  * MLA, paged: ``mla[layer]`` is ``[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]``; sequence
+    ``i``'s token ``p`` lives at block ``block_tables[i, p // block_size]``, offset ``p % block_size``.
+  * KDA, a slot pool: ``kda_state[layer]`` is ``[num_slots, H, K, V]`` fp32 and ``kda_conv[layer]`` is
+    ``[num_slots, 3·P, W-1]`` (q|k|v channels, the last W-1 pre-conv inputs); sequence ``i`` owns slot
+    ``state_slots[i]``.
+
+Exactly one context is active at a time, entered with ``forward_context(ctx)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ModelCaches:
+    mla: dict[int, torch.Tensor] = field(default_factory=dict)
+    kda_state: dict[int, torch.Tensor] = field(default_factory=dict)
+    kda_conv: dict[int, torch.Tensor] = field(default_factory=dict)
+    block_size: int = 16
+
+    def nbytes(self) -> int:
+        tensors = [*self.mla.values(), *self.kda_state.values(), *self.kda_conv.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class ForwardContext:
+    cu_seqlens: torch.Tensor  # [B+1] int64, offsets of each sequence's new tokens in the packed batch
+    cached_lens: list[int]  # [B] tokens already cached before this step
+    state_slots: torch.Tensor  # [B] int64, KDA pool slot per sequence
+    block_tables: torch.Tensor  # [B, max_blocks] int64, MLA cache blocks per sequence (-1 = unused)
+    caches: ModelCaches
+    seq_lens: list[int] = field(init=False)  # [B] new tokens per sequence
+    slot_mapping: torch.Tensor = field(init=False)  # [N] flat MLA cache slot of each new token
+
+    def __post_init__(self) -> None:
+        cu = self.cu_seqlens.tolist()
+        self.seq_lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+        if len(self.cached_lens) != len(self.seq_lens):
+            raise ValueError("cached_lens and cu_seqlens disagree on the batch size")
+        bs = self.caches.block_size
+        slots = []
+        for i, (start, n) in enumerate(zip(self.cached_lens, self.seq_lens)):
+            pos = torch.arange(start, start + n)
+            blocks = self.block_tables[i, pos // bs] if n else pos
+            slots.append(blocks * bs + pos % bs)
+        self.slot_mapping = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.cu_seqlens[-1])
+
+    @property
+    def context_lens(self) -> list[int]:
+        return [c + n for c, n in zip(self.cached_lens, self.seq_lens)]
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence adds exactly one token to a non-empty cache: the batched single-step paths apply."""
+        return all(n == 1 for n in self.seq_lens) and all(c > 0 for c in self.cached_lens)
+
+    @property
+    def has_initial_state(self) -> torch.Tensor:
+        return torch.tensor([c > 0 for c in self.cached_lens], dtype=torch.bool)
+
+    @property
+    def last_token_indices(self) -> torch.Tensor:
+        return self.cu_seqlens[1:] - 1
+
+
+_ACTIVE: ForwardContext | None = None
+
+
+@contextlib.contextmanager
+def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+    global _ACTIVE
+    if _ACTIVE is not None:
+        raise RuntimeError("a forward context is already active (nested forwards are not supported)")
+    _ACTIVE = ctx
+    try:
+        yield ctx
+    finally:
+        _ACTIVE = None
+
+
+def get_forward_context() -> ForwardContext:
+    if _ACTIVE is None:
+        raise RuntimeError("no forward context is active; run the model inside `with forward_context(ctx):`")
+    return _ACTIVE

@@ -1,0 +1,85 @@
+"""Launch commands for a planned replica: k3serve, and the equivalent vLLM and SGLang flags.
+
+Multi-node replicas use shell placeholders (``$NODE_RANK``, ``$HEAD_ADDR``) so one line serves every node.
+Flag spellings follow vLLM's and SGLang's documented server arguments (docs.vllm.ai "Parallelism and
+Scaling", docs.sglang.io "Server Arguments"); re-check them against the pinned engine version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from k3serve.plan.layout import Layout
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    layout: Layout
+    gpus_per_node: int
+    context_length: int
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    kv_cache_dtype: str  # "bf16" or "fp8"
+    max_num_batched_tokens: int
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.layout.gpus // self.gpus_per_node)
+
+
+def k3serve_command(s: LaunchSpec, checkpoint: str) -> str:
+    lay = s.layout
+    parts = [f"k3serve serve {checkpoint}", f"--tensor-parallel-size {lay.tp}",
+             f"--pipeline-parallel-size {lay.pp}", f"--data-parallel-size {lay.dp}", "--enable-expert-parallel",
+             f"--max-model-len {s.context_length}", f"--max-num-seqs {s.max_num_seqs}",
+             f"--max-num-batched-tokens {s.max_num_batched_tokens}",
+             f"--gpu-memory-utilization {s.gpu_memory_utilization}", f"--kv-cache-dtype {s.kv_cache_dtype}"]
+    if s.nodes > 1:
+        parts += [f"--nnodes {s.nodes}", "--node-rank $NODE_RANK", "--master-addr $HEAD_ADDR"]
+    return " ".join(parts)
+
+
+def vllm_command(s: LaunchSpec, hf_model: str) -> str:
+    lay = s.layout
+    parts = [f"vllm serve {hf_model} --trust-remote-code", f"--tensor-parallel-size {lay.tp}",
+             f"--pipeline-parallel-size {lay.pp}"]
+    if lay.dp > 1:
+        parts.append(f"--data-parallel-size {lay.dp}")
+    parts += ["--enable-expert-parallel", f"--max-model-len {s.context_length}", f"--max-num-seqs {s.max_num_seqs}",
+              f"--max-num-batched-tokens {s.max_num_batched_tokens}",
+              f"--gpu-memory-utilization {s.gpu_memory_utilization}"]
+    if s.kv_cache_dtype == "fp8":
+        parts.append("--kv-cache-dtype fp8")
+    engine_gpus = lay.tp * lay.pp
+    if s.nodes > 1 and lay.dp > 1 and engine_gpus <= s.gpus_per_node:
+        # one engine per DP rank: vLLM's multi-node data parallel (head node API server + headless workers)
+        local = s.gpus_per_node // engine_gpus
+        parts += [f"--data-parallel-size-local {local}", "--data-parallel-address $HEAD_ADDR",
+                  "--data-parallel-rpc-port 13345", f"--data-parallel-start-rank $((NODE_RANK * {local}))",
+                  "$([ $NODE_RANK -gt 0 ] && echo --headless)"]
+    elif s.nodes > 1:
+        parts.append("--distributed-executor-backend ray  # after `ray start` on every node")
+    return " ".join(parts)
+
+
+def sglang_command(s: LaunchSpec, hf_model: str) -> str:
+    lay = s.layout
+    stage = lay.tp * lay.dp  # SGLang's --tp counts every GPU of a stage; dp attention subdivides it
+    parts = [f"python -m sglang.launch_server --model-path {hf_model} --trust-remote-code", f"--tp {stage}"]
+    if lay.pp > 1:
+        parts.append(f"--pp-size {lay.pp}")
+    if lay.dp > 1:
+        parts += [f"--dp {lay.dp}", "--enable-dp-attention", "--enable-dp-lm-head"]
+    parts += [f"--ep-size {lay.ep}", f"--context-length {s.context_length}",
+              f"--max-running-requests {s.max_num_seqs}", f"--chunked-prefill-size {s.max_num_batched_tokens}",
+              f"--mem-fraction-static {s.gpu_memory_utilization}"]
+    if s.kv_cache_dtype == "fp8":
+        parts.append("--kv-cache-dtype fp8_e4m3")
+    if s.nodes > 1:
+        parts += [f"--nnodes {s.nodes}", "--node-rank $NODE_RANK", "--dist-init-addr $HEAD_ADDR:5000"]
+    return " ".join(parts)
+
+
+def commands(s: LaunchSpec, hf_model: str) -> dict[str, str]:
+    return {"k3serve": k3serve_command(s, hf_model), "vllm": vllm_command(s, hf_model),
+            "sglang": sglang_command(s, hf_model)}

@@ -1,0 +1,19 @@
+"""Build hooks: native extensions are declared here (pyproject.toml holds the metadata)."""
+
+from pybind11.setup_helpers import Pybind11Extension
+from setuptools import setup
+
+ext_modules = [
+    # the Kimi tokenizer core (k3serve/tokenizer/native/); headers are listed so edits rebuild it
+    Pybind11Extension(
+        "k3serve.tokenizer._native",
+        ["k3serve/tokenizer/native/module.cpp"],
+        depends=[f"k3serve/tokenizer/native/{h}.h" for h in (
+            "bpe", "classes", "core", "cuts", "linear_bpe", "pretokenize", "segment_cache",
+            "thread_pool", "unicode_tables", "vocab")],
+        cxx_std=17,
+        extra_compile_args=["-O3"],
+    ),
+]
+
+setup(ext_modules=ext_modules)
