@@ -1,0 +1,80 @@
+"""Multi-head Latent Attention without RoPE (NoPE), with optional q-LoRA and K3's sigmoid output gate.
+
+x ``[N, d]`` packed tokens of the active ``ForwardContext``:
+  q = W_qb · RMSNorm(W_qa x)  (q-LoRA, K3)  or  W_q x  (Kimi-Linear)      ``[N, H, Dn + R]``
+  [c̃ | k_rot] = W_kva x;  c = RMSNorm(c̃)                                   ``[N, C + R]`` -> paged cache
+  o = attention over the cached latents (expanded for prefill, absorbed for decode)   ``[N, H, Dv]``
+  K3: o <- o ⊙ sigmoid(W_g x)   (gate from the layer *input*)
+  out = W_o o
+The latent norms use eps 1e-6 as in the official code (engines use rms_norm_eps; negligible).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from k3serve.core.config import TextConfig
+from k3serve.core.context import ForwardContext
+from k3serve.layers.norm import KimiRMSNorm
+from k3serve.ops import mla as mla_ops
+from k3serve.ops import registry
+
+LATENT_NORM_EPS = 1e-6
+
+
+class MLAttention(nn.Module):
+    def __init__(self, cfg: TextConfig, layer_idx: int):
+        super().__init__()
+        d, H = cfg.hidden_size, cfg.num_attention_heads
+        self.layer_idx, self.num_heads = layer_idx, H
+        self.nope_dim, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.kv_lora_rank = cfg.kv_lora_rank
+        self.qk_dim = self.nope_dim + self.rope_dim
+        self.scale = self.qk_dim ** -0.5
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(d, H * self.qk_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(d, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = KimiRMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, H * self.qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, self.kv_lora_rank + self.rope_dim, bias=False)
+        self.kv_a_layernorm = KimiRMSNorm(self.kv_lora_rank, LATENT_NORM_EPS)
+        self.kv_b_proj = nn.Linear(self.kv_lora_rank, H * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(H * self.v_dim, d, bias=False)
+        self.g_proj = nn.Linear(d, H * self.v_dim, bias=False) if cfg.mla_use_output_gate else None
+
+    def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+        """Per-token cache width (paged); ``None`` dtype means the model dtype."""
+        return {"mla": ((self.kv_lora_rank + self.rope_dim,), None)}
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        N, H = x.shape[0], self.num_heads
+        if hasattr(self, "q_proj"):
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(N, H, self.qk_dim)
+        ckv = self.kv_a_proj_with_mqa(x)
+        latents = torch.cat([self.kv_a_layernorm(ckv[:, : self.kv_lora_rank]), ckv[:, self.kv_lora_rank:]], -1)
+        cache = ctx.caches.mla[self.layer_idx]
+        mla_ops.write_latents(cache, ctx.slot_mapping, latents)
+
+        dims = dict(nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
+        if ctx.is_decode:
+            lens = torch.tensor(ctx.context_lens)
+            o = registry.get("mla_decode")(q, cache, ctx.block_tables, lens, self.kv_b_proj.weight, **dims)
+        else:
+            outs = []
+            prefill = registry.get("mla_prefill")
+            for i, (start, n, total) in enumerate(zip(ctx.cu_seqlens.tolist(), ctx.seq_lens, ctx.context_lens)):
+                if n == total:  # nothing cached before: the new latents are the whole context
+                    lat = latents[start:start + n]
+                else:
+                    lat = mla_ops.gather_latents(cache, ctx.block_tables[i], total)
+                outs.append(prefill(q[start:start + n], lat, self.kv_b_proj.weight, **dims))
+            o = torch.cat(outs)
+        o = o.reshape(N, H * self.v_dim).to(x.dtype)
+        if self.g_proj is not None:
+            o = o * torch.sigmoid(self.g_proj(x))
+        return self.o_proj(o)

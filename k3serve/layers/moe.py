@@ -1,0 +1,170 @@
+"""MoE: the noaux_tc router, routed experts (dense or packed MXFP4), shared experts, LatentMoE, dense MLP.
+
+x ``[N, d]``:
+  router (fp32): s = act(W_r x) ``[N, E]``; choose top-k of s + bias (bias for *selection* only, grouped
+      top-k when num_expert_group > 1); w = s[idx], renormalised (sum + 1e-20), times routed_scaling_factor
+  routed: ``Σ_k w_k · W2_e(glu(W1_e u, W3_e u))`` with u = x, or for LatentMoE u = W_down x ``[N, ℓ]`` and
+      the sum passed through RMSNorm_ℓ then W_up
+  out = routed + shared_experts(x)
+Routed experts stay in their checkpoint form: ``[E, 2I, D]`` / ``[E, D, I]`` dense, or MXFP4 packed
+(uint8 codes ``[E, rows, cols/2]`` + E8M0 scales ``[E, rows, cols/32]``), dequantised per call.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from k3serve.core.config import TextConfig
+from k3serve.layers.activation import make_glu
+from k3serve.layers.norm import KimiRMSNorm
+from k3serve.layers.weights import WeightSlot, keep_fp32, param_slot
+from k3serve.ops import registry
+
+
+class GatedMLP(nn.Module):
+    """Dense layer MLP and shared experts: ``W_down(glu(W_gate x, W_up x))``."""
+
+    def __init__(self, d: int, inter: int, cfg: TextConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, inter, bias=False)
+        self.up_proj = nn.Linear(d, inter, bias=False)
+        self.down_proj = nn.Linear(inter, d, bias=False)
+        self.glu = make_glu(cfg.hidden_act, cfg.situ_beta, cfg.situ_linear_beta)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.glu(self.gate_proj(x), self.up_proj(x)))
+
+
+def select_experts(logits: torch.Tensor, bias: torch.Tensor | None, *, top_k: int, activation: str,
+                   num_groups: int, topk_groups: int, renormalize: bool,
+                   scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 noaux_tc selection: logits ``[N, E]`` fp32 -> (weights ``[N, k]`` fp32, ids ``[N, k]``)."""
+    scores = torch.sigmoid(logits) if activation == "sigmoid" else torch.softmax(logits, dim=-1)
+    choice = scores + bias if bias is not None else scores
+    if num_groups > 1 and num_groups > topk_groups:
+        N, E = choice.shape
+        grouped = choice.view(N, num_groups, E // num_groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+        keep = group_scores.topk(topk_groups, dim=-1, sorted=False).indices
+        group_mask = torch.zeros(N, num_groups, dtype=torch.bool).scatter_(1, keep, True)
+        choice = grouped.masked_fill(~group_mask[..., None], float("-inf")).view(N, E)
+    ids = choice.topk(top_k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if renormalize and top_k > 1:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scaling, ids
+
+
+class MoEGate(nn.Module):
+    def __init__(self, d: int, cfg: TextConfig):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(cfg.num_experts, d))
+        self.e_score_correction_bias = keep_fp32(nn.Parameter(torch.zeros(cfg.num_experts, dtype=torch.float32)))
+        self.cfg = cfg
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cfg
+        logits = F.linear(x.float(), self.weight.float())
+        return select_experts(logits, self.e_score_correction_bias.float(), top_k=c.num_experts_per_token,
+                              activation=c.moe_router_activation_func, num_groups=c.num_expert_group,
+                              topk_groups=c.topk_group, renormalize=c.moe_renormalize,
+                              scaling=c.routed_scaling_factor)
+
+
+class RoutedExperts(nn.Module):
+    """E experts at width D with intermediate I; checkpoint keys ``{e}.w1|w2|w3.weight[_packed|_scale]``."""
+
+    slots_cover_all = True
+
+    def __init__(self, cfg: TextConfig, mxfp4: bool):
+        super().__init__()
+        E, D, I = cfg.num_experts, cfg.expert_width, cfg.moe_intermediate_size
+        self.num_experts, self.width, self.inter, self.mxfp4 = E, D, I, mxfp4
+        self.glu = make_glu(cfg.hidden_act, cfg.situ_beta, cfg.situ_linear_beta)
+        self.act_quant: str | None = None  # MXFP8 fake-quant of expert GEMM inputs ("rceil"/"floor")
+        if mxfp4:
+            if D % 32 or I % 32:
+                raise ValueError(f"MXFP4 experts need widths divisible by 32, got {D} and {I}")
+            u8 = dict(dtype=torch.uint8)
+            self.register_buffer("w13_packed", torch.zeros(E, 2 * I, D // 2, **u8))
+            self.register_buffer("w13_scale", torch.zeros(E, 2 * I, D // 32, **u8))
+            self.register_buffer("w2_packed", torch.zeros(E, D, I // 2, **u8))
+            self.register_buffer("w2_scale", torch.zeros(E, D, I // 32, **u8))
+        else:
+            self.w13 = nn.Parameter(torch.zeros(E, 2 * I, D))
+            self.w2 = nn.Parameter(torch.zeros(E, D, I))
+
+    def checkpoint_slots(self, prefix: str) -> list[WeightSlot]:
+        I = self.inter
+        slots = []
+        for e in range(self.num_experts):
+            p = f"{prefix}{e}."
+            if self.mxfp4:
+                for name, packed, scale in (("w1", self.w13_packed[e, :I], self.w13_scale[e, :I]),
+                                            ("w3", self.w13_packed[e, I:], self.w13_scale[e, I:]),
+                                            ("w2", self.w2_packed[e], self.w2_scale[e])):
+                    slots += [param_slot(p + name + ".weight_packed", packed),
+                              param_slot(p + name + ".weight_scale", scale)]
+            else:
+                slots += [param_slot(p + "w1.weight", self.w13[e, :I]), param_slot(p + "w3.weight", self.w13[e, I:]),
+                          param_slot(p + "w2.weight", self.w2[e])]
+        return slots
+
+    def _linear(self, x: torch.Tensor, name: str, e: int, rows: slice | None = None) -> torch.Tensor:
+        if self.mxfp4:
+            packed, scale = getattr(self, name + "_packed")[e], getattr(self, name + "_scale")[e]
+            return registry.get("mxfp4_linear")(x, packed, scale, act_quant=self.act_quant).to(x.dtype)
+        return F.linear(x, getattr(self, name)[e])
+
+    def forward(self, u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """u ``[N, D]``, weights/ids ``[N, k]`` -> ``Σ_k w·expert(u)`` ``[N, D]`` accumulated in fp32."""
+        out = torch.zeros(u.shape[0], self.width, dtype=torch.float32)
+        flat = ids.flatten()
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        token_of = order // ids.shape[1]
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            sel = order[start:start + n]
+            tok = token_of[start:start + n]
+            start += n
+            h = self._linear(u[tok], "w13", e)
+            h = self.glu(h[:, : self.inter], h[:, self.inter:])
+            y = self._linear(h, "w2", e)
+            out.index_add_(0, tok, y.float() * weights.flatten()[sel, None].float())
+        return out
+
+
+class SparseMoE(nn.Module):
+    """Router + routed experts (optionally in a latent space) + shared experts."""
+
+    def __init__(self, cfg: TextConfig, mxfp4: bool):
+        super().__init__()
+        d = cfg.hidden_size
+        self.gate = MoEGate(d, cfg)
+        self.experts = RoutedExperts(cfg, mxfp4)
+        self.latent = cfg.routed_expert_hidden_size is not None
+        if self.latent:
+            lat = cfg.routed_expert_hidden_size
+            self.routed_expert_down_proj = nn.Linear(d, lat, bias=False)
+            self.routed_expert_up_proj = nn.Linear(lat, d, bias=False)
+            self.routed_expert_norm = KimiRMSNorm(lat, cfg.rms_norm_eps) if cfg.latent_moe_use_norm else None
+        self.shared_experts = (GatedMLP(d, cfg.moe_intermediate_size * cfg.num_shared_experts, cfg)
+                               if cfg.num_shared_experts else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        if self.latent:
+            y = self.experts(self.routed_expert_down_proj(x), weights, ids).to(x.dtype)
+            if self.routed_expert_norm is not None:
+                y = self.routed_expert_norm(y)
+            y = self.routed_expert_up_proj(y)
+        else:
+            y = self.experts(x, weights, ids).to(x.dtype)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y

@@ -1,0 +1,101 @@
+"""Checkpoint slots: how each module's tensors map to checkpoint keys, in both directions.
+
+A ``WeightSlot`` names one checkpoint tensor, the shape and dtype it is *written* with, a ``load`` that
+validates and copies a checkpoint tensor in, and a ``dump`` that produces it from the module. Most
+parameters map 1:1 by name (``default_slots``); modules whose stored layout differs (MXFP4 experts, A_log)
+define ``checkpoint_slots(prefix)`` returning their own slots for those tensors, keeping the layout knowledge
+with the layer that owns it. The loader and the checkpoint writer both walk ``collect_slots(model)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class CheckpointError(ValueError):
+    """A checkpoint tensor that is missing, unexpected or mis-shaped."""
+
+
+@dataclass
+class WeightSlot:
+    key: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    load: Callable[[torch.Tensor], None]
+    dump: Callable[[], torch.Tensor]
+
+
+def _copy_into(key: str, target: torch.Tensor, accept: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    def load(t: torch.Tensor) -> None:
+        src = accept(t) if accept else t
+        if tuple(src.shape) != tuple(target.shape):
+            raise CheckpointError(f"tensor '{key}' has shape {list(t.shape)}, expected {list(target.shape)}")
+        if src.dtype.is_floating_point != target.dtype.is_floating_point:
+            raise CheckpointError(f"tensor '{key}' has dtype {t.dtype}, expected {target.dtype}")
+        with torch.no_grad():
+            target.copy_(src)
+
+    return load
+
+
+def keep_fp32(p: torch.Tensor) -> torch.Tensor:
+    """Mark a parameter that is F32 in checkpoints and stays F32 whatever the model dtype."""
+    p.keep_fp32 = True
+    return p
+
+
+def param_slot(key: str, p: torch.Tensor, stored_dtype: torch.dtype | None = None) -> WeightSlot:
+    """A tensor stored as the module holds it; floating tensors are written as ``stored_dtype`` unless kept F32."""
+    if not p.dtype.is_floating_point:
+        dtype = p.dtype
+    elif getattr(p, "keep_fp32", False):
+        dtype = torch.float32
+    else:
+        dtype = stored_dtype or p.dtype
+    return WeightSlot(key, tuple(p.shape), dtype, _copy_into(key, p), lambda: p.detach().to(dtype))
+
+
+def a_log_slot(key: str, a_log: torch.Tensor, head_dim: int, layout: str) -> WeightSlot:
+    """A_log ``[H]``: K3 stores ``[max(H, head_dim)]`` (first H live, rest zero), Kimi-Linear ``[1, 1, H, 1]``;
+    both, and plain ``[H]``, load."""
+    H = a_log.shape[0]
+
+    def accept(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == 4 and t.shape[0] == t.shape[1] == t.shape[3] == 1:
+            t = t.reshape(-1)
+        if t.dim() == 1 and t.shape[0] >= H:
+            return t[:H]
+        return t
+
+    if layout == "k3":
+        stored = (max(H, head_dim),)
+
+        def dump() -> torch.Tensor:
+            out = torch.zeros(stored, dtype=torch.float32)
+            out[:H] = a_log.detach().float()
+            return out
+    else:
+        stored = (1, 1, H, 1)
+
+        def dump() -> torch.Tensor:
+            return a_log.detach().float().reshape(stored)
+
+    return WeightSlot(key, stored, torch.float32, _copy_into(key, a_log, accept), dump)
+
+
+def collect_slots(module: nn.Module, prefix: str = "", stored_dtype: torch.dtype | None = None) -> list[WeightSlot]:
+    """All checkpoint slots of ``module`` (recursively), keyed by checkpoint name."""
+    slots = list(module.checkpoint_slots(prefix)) if hasattr(module, "checkpoint_slots") else []
+    if getattr(module, "slots_cover_all", False):
+        return slots
+    claimed = {s.key for s in slots}
+    for name, p in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+        if name not in module._non_persistent_buffers_set and prefix + name not in claimed:
+            slots.append(param_slot(prefix + name, p, stored_dtype))
+    for name, child in module.named_children():
+        slots.extend(collect_slots(child, f"{prefix}{name}.", stored_dtype))
+    return slots

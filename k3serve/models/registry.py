@@ -1,0 +1,66 @@
+"""Model names that resolve without a download.
+
+``<name>-random`` names are random checkpoints of the packaged tiny configs, written deterministically (seed 0)
+on first use into the cache directory (``$K3SERVE_CACHE``, else ``$XDG_CACHE_HOME/k3serve``, else
+``~/.cache/k3serve``), so every command works offline before any real weights exist.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+RANDOM_MODELS = {
+    "k3-tiny-random": "k3-tiny.json",
+    "k3-tiny-grouped-random": "k3-tiny-grouped.json",
+    "kimi-linear-tiny-random": "kimi-linear-tiny.json",
+}
+PACKAGED_CONFIGS = {"kimi-k3": "kimi-k3.json", "kimi-linear-48b": "kimi-linear-48b.json"}
+
+
+def cache_dir() -> Path:
+    if os.environ.get("K3SERVE_CACHE"):
+        return Path(os.environ["K3SERVE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "k3serve"
+
+
+def packaged_config(name: str) -> Path:
+    """Path of a packaged config json by short name (``kimi-k3``, ``k3-tiny``...)."""
+    fname = PACKAGED_CONFIGS.get(name) or RANDOM_MODELS.get(name) or f"{name}.json"
+    path = CONFIG_DIR / fname
+    if not path.exists():
+        known = sorted([*PACKAGED_CONFIGS, *(p.stem for p in CONFIG_DIR.glob("*.json"))])
+        raise FileNotFoundError(f"unknown model config {name!r}; packaged: {', '.join(sorted(set(known)))}")
+    return path
+
+
+def resolve_model_path(name_or_path: str | Path) -> Path:
+    """A checkpoint directory for a path or a built-in model name (creating random ones on first use)."""
+    name = str(name_or_path)
+    if name in RANDOM_MODELS:
+        target = cache_dir() / name
+        if not (target / "config.json").exists():
+            from k3serve.models.writer import write_random_checkpoint
+            from k3serve.core.config import ModelConfig
+
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+            write_random_checkpoint(ModelConfig.from_file(CONFIG_DIR / RANDOM_MODELS[name]), tmp, seed=0)
+            try:
+                tmp.rename(target)
+            except OSError:  # another process won the race; theirs is identical
+                shutil.rmtree(tmp, ignore_errors=True)
+        return target
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model {name!r} is neither a directory nor a built-in name "
+                                f"({', '.join(RANDOM_MODELS)})")
+    if path.is_file():
+        raise FileNotFoundError(f"model path {name!r} is a file; pass the checkpoint directory")
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no config.json in {path}")
+    return path
