@@ -1,0 +1,1 @@
+"""OpenAI-compatible serving frontend: chat formats, parsers, protocol and HTTP app."""
