@@ -41,14 +41,17 @@ def _parse_ids(text: str, vocab: int) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from k3serve.core.config import ModelConfig
     from k3serve.models.generate import greedy_generate
     from k3serve.models.loader import load_model
+    from k3serve.models.registry import resolve_model_path
 
     if args.max_tokens < 1:
         raise ValueError("--max-tokens must be >= 1")
     t0 = time.perf_counter()
-    model, config = load_model(args.model, dtype=DTYPES[args.dtype], act_quant=args.act_quant)
-    ids = _parse_ids(args.prompt_ids, config.text.vocab_size)
+    path = resolve_model_path(args.model)
+    ids = _parse_ids(args.prompt_ids, ModelConfig.from_file(path).text.vocab_size)  # before the slow part
+    model, config = load_model(path, dtype=DTYPES[args.dtype], act_quant=args.act_quant)
     t1 = time.perf_counter()
     out = greedy_generate(model, [ids], args.max_tokens, config.text.eos_token_id)[0]
     t2 = time.perf_counter()
