@@ -1,0 +1,7 @@
+"""The engine: scheduling, cache pools, prefix caching, the model runner, and the offline/async APIs.
+
+Module map: ``sampling_params`` (SamplingParams), ``request`` (Request, Batch), ``config`` (EngineConfig),
+``memory`` (budget -> pool sizes), ``block_pool`` / ``state_pool`` / ``prefix_cache`` (MLA blocks, KDA slots
+and snapshots, the hybrid match), ``scheduler``, ``model_runner`` + ``sampler``, ``detokenizer``, ``engine``
+(LLMEngine.step), ``llm`` (offline LLM), ``async_engine`` (AsyncLLM for the server), ``stats``.
+"""

@@ -1,0 +1,158 @@
+"""Asyncio API for the server: submit a request, stream its deltas, abort it, read engine stats.
+
+The engine core (``LLMEngine``) runs in one background thread and talks to the asyncio side only through
+typed messages: ``AddRequest`` / ``AbortRequest`` go in through a thread-safe queue, ``RequestOutput`` deltas
+come back and are routed to the request's ``asyncio.Queue`` on the caller's event loop. The messages are
+plain dataclasses of ints, strings and lists, so the core can later move to another process with a
+serializer for these types alone (no pickle of arbitrary objects).
+
+    engine = AsyncLLM(LLMEngine("kimi-linear-tiny-random"))
+    async for delta in engine.generate(prompt_ids, SamplingParams(max_tokens=32)):
+        print(delta.delta_text, end="")
+    await engine.abort(request_id); engine.stats(); engine.shutdown()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from k3serve.engine.engine import LLMEngine
+from k3serve.engine.outputs import RequestOutput
+from k3serve.engine.sampling_params import SamplingParams
+from k3serve.engine.stats import EngineStats
+
+log = logging.getLogger("k3serve.engine")
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+EngineMessage = AddRequest | AbortRequest | Shutdown
+
+
+class EngineCoreThread:
+    """Runs ``LLMEngine`` in a thread: drains messages, steps while there is work, publishes outputs."""
+
+    def __init__(self, engine: LLMEngine, publish):
+        self.engine = engine
+        self._publish = publish  # called from this thread with each list of RequestOutput
+        self.inbox: queue.Queue[EngineMessage] = queue.Queue()
+        self.stats = engine.stats()
+        self._thread = threading.Thread(target=self._loop, name="k3serve-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            msgs = [] if self.engine.has_unfinished_requests() else [self.inbox.get()]  # idle: wait for work
+            while not self.inbox.empty():
+                msgs.append(self.inbox.get_nowait())
+            outputs: list[RequestOutput] = []
+            for msg in msgs:
+                if isinstance(msg, Shutdown):
+                    return
+                outputs += self._handle(msg)
+            if self.engine.has_unfinished_requests():
+                outputs += self._step()
+            self.stats = self.engine.stats()
+            if outputs:
+                self._publish(outputs)
+
+    def _handle(self, msg: EngineMessage) -> list[RequestOutput]:
+        if isinstance(msg, AbortRequest):
+            out = self.engine.abort_request(msg.request_id)
+            return [out] if out is not None else []
+        try:
+            self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params)
+        except ValueError as e:
+            return [RequestOutput(msg.request_id, msg.prompt_token_ids, [], "", finished=True,
+                                  finish_reason="error", stop_reason=str(e))]
+        return []
+
+    def _step(self) -> list[RequestOutput]:
+        try:
+            return self.engine.step()
+        except Exception:  # a failed step must not kill the loop silently: fail every live request
+            log.exception("engine step failed; aborting all requests")
+            ids = list(self.engine.scheduler.requests)
+            return [o for rid in ids if (o := self.engine.abort_request(rid)) is not None]
+
+    def shutdown(self) -> None:
+        self.inbox.put(Shutdown())
+        self._thread.join()
+
+
+class AsyncLLM:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self.core = EngineCoreThread(engine, self._route)
+
+    def _route(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            with self._lock:
+                stream = self._streams.get(out.request_id)
+                if out.finished:
+                    self._streams.pop(out.request_id, None)
+            if stream is None:
+                continue
+            loop, q = stream
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, out)
+            except RuntimeError:  # the caller's event loop is gone: nobody is listening any more
+                self.core.inbox.put(AbortRequest(out.request_id))
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Submit a request and yield its deltas until it finishes; closing the iterator aborts it."""
+        self.engine.validate_prompt(prompt_token_ids, params)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        with self._lock:
+            if rid in self._streams:
+                raise ValueError(f"request_id: {rid!r} is already streaming")
+            self._streams[rid] = (asyncio.get_running_loop(), q)
+        self.core.inbox.put(AddRequest(rid, list(prompt_token_ids), params))
+        finished = False
+        try:
+            while not finished:
+                out = await q.get()
+                finished = out.finished
+                if out.finish_reason == "error":
+                    raise ValueError(out.stop_reason)
+                yield out
+        finally:
+            if not finished:
+                await self.abort(rid)
+
+    async def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+        self.core.inbox.put(AbortRequest(request_id))
+
+    def stats(self) -> EngineStats:
+        return self.core.stats
+
+    def shutdown(self) -> None:
+        self.core.shutdown()

@@ -1,0 +1,37 @@
+"""Engine configuration: one frozen dataclass, validated at construction; components get only their fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _check(cond: bool, name: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{name}: {msg}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 64  # running requests (= KDA running slots)
+    max_num_batched_tokens: int = 2048  # token budget of one step, prefill chunks and decodes together
+    block_size: int = 16  # MLA tokens per block; also the prefix-cache and snapshot granularity
+    kv_cache_memory: float = 256 * 2**20  # bytes (> 1) or a fraction (<= 1) of available memory
+    enable_prefix_caching: bool = True
+    state_cache_interval: int = 0  # extra KDA snapshots every N prefill tokens (0: prompt ends only)
+    snapshot_memory_fraction: float = 0.25  # share of the cache budget for KDA snapshots
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+
+    def __post_init__(self) -> None:
+        _check(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
+        _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
+               f"must be >= 1, got {self.max_num_batched_tokens}")
+        _check(self.block_size >= 1, "block_size", f"must be >= 1, got {self.block_size}")
+        _check(self.kv_cache_memory > 0, "kv_cache_memory",
+               f"must be a byte count or a fraction in (0, 1], got {self.kv_cache_memory}")
+        _check(self.state_cache_interval >= 0 and self.state_cache_interval % self.block_size == 0,
+               "state_cache_interval", f"must be a non-negative multiple of block_size ({self.block_size}), "
+               f"got {self.state_cache_interval}")
+        _check(0 <= self.snapshot_memory_fraction < 1, "snapshot_memory_fraction",
+               f"must be in [0, 1), got {self.snapshot_memory_fraction}")
+        _check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len",
+               f"must be >= 2, got {self.max_model_len}")

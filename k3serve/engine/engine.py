@@ -1,0 +1,191 @@
+"""``LLMEngine``: the synchronous engine core. ``step()`` = schedule a batch, run it, account for it, emit.
+
+Construction loads the model, sizes the MLA block pool and the KDA slot pool from one cache budget (the
+split is logged), and wires scheduler, prefix cache, model runner and the per-request detokenizers.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from k3serve.core.config import ModelConfig
+from k3serve.engine.block_pool import BlockPool
+from k3serve.engine.config import EngineConfig
+from k3serve.engine.detokenizer import IncrementalDetokenizer
+from k3serve.engine.memory import CachePlan, plan_cache, resolve_budget
+from k3serve.engine.model_runner import ModelRunner, StepResult
+from k3serve.engine.outputs import RequestOutput
+from k3serve.engine.prefix_cache import HybridPrefixCache, NoPrefixCache
+from k3serve.engine.request import Batch, Request
+from k3serve.engine.sampling_params import SamplingParams
+from k3serve.engine.scheduler import Scheduler
+from k3serve.engine.state_pool import StatePool
+from k3serve.engine.stats import EngineStats
+from k3serve.models.cache import allocate_caches, cache_spec
+
+log = logging.getLogger("k3serve.engine")
+
+
+def load_tokenizer() -> Any | None:
+    """The Kimi tokenizer if ``k3serve.tokenizer`` is importable (its C++ extension is built), else None."""
+    try:
+        from k3serve.tokenizer import Tokenizer
+    except ImportError:
+        return None
+    return Tokenizer.kimi()
+
+
+class LLMEngine:
+    def __init__(self, model: str | Path | nn.Module, *, config: EngineConfig | None = None,
+                 dtype: torch.dtype = torch.float32, model_config: ModelConfig | None = None,
+                 tokenizer: Any | None = None, device: str = "cpu"):
+        if isinstance(model, nn.Module):
+            if model_config is None:
+                raise ValueError("model_config: required when passing a model object")
+        else:
+            from k3serve.models.loader import load_model
+
+            model, model_config = load_model(model, dtype=dtype, progress=False)
+        self.config = config = config or EngineConfig()
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        text = model_config.text
+        self.vocab_size = text.vocab_size
+        self.eos_token_ids = tuple(text.eos_token_id)
+        self.max_model_len = config.max_model_len or text.max_position_embeddings
+        spec = cache_spec(model, dtype)
+        self.plan: CachePlan = plan_cache(
+            resolve_budget(config.kv_cache_memory, torch.device(device)),
+            mla_bytes_per_token=spec.mla_bytes_per_token, kda_bytes_per_slot=spec.kda_bytes_per_slot,
+            block_size=config.block_size, max_running=config.max_num_seqs, max_model_len=self.max_model_len,
+            snapshot_fraction=config.snapshot_memory_fraction if config.enable_prefix_caching else 0.0)
+        log.info(self.plan.report())
+        caches = allocate_caches(spec, num_blocks=self.plan.num_blocks, block_size=config.block_size,
+                                 num_slots=config.max_num_seqs + self.plan.num_snapshot_slots, device=device)
+        self.blocks = BlockPool(self.plan.num_blocks, config.block_size)
+        self.states = StatePool(config.max_num_seqs, self.plan.num_snapshot_slots)
+        cache = HybridPrefixCache(self.blocks, self.states) if config.enable_prefix_caching else NoPrefixCache()
+        self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   state_cache_interval=config.state_cache_interval,
+                                   blocks=self.blocks, states=self.states, cache=cache)
+        self.runner = ModelRunner(model, caches, device)
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._arrivals = 0
+        self.num_steps = 0
+        self.num_generated_tokens = 0
+
+    def step(self) -> list[RequestOutput]:
+        """One engine iteration; returns an output for every request that produced tokens or finished."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        result = self.runner.run(batch)
+        self.scheduler.update(batch, result.sampled)
+        self.num_steps += 1
+        return self._process(batch, result)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+        self.validate_prompt(prompt_token_ids, params)
+        req = Request(request_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids,
+                      max_model_len=self.max_model_len, arrival=self._arrivals)
+        self._arrivals += 1
+        skip = frozenset(self.tokenizer.special_tokens.values()) if (
+            self.tokenizer is not None and params.skip_special_tokens) else frozenset()
+        self.scheduler.add(req)
+        if self.tokenizer is not None:
+            self._detok[request_id] = IncrementalDetokenizer(self.tokenizer.decode_bytes, params.stop,
+                                                             params.include_stop_str_in_output, skip)
+        elif params.stop:
+            raise ValueError("stop: stop strings need a tokenizer (k3serve.tokenizer is not available)")
+        return req
+
+    def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_token_ids:
+            raise ValueError("prompt: must contain at least one token")
+        bad = [t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
+        if bad:
+            raise ValueError(f"prompt: token id {bad[0]!r} is outside the model vocabulary [0, {self.vocab_size})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(f"prompt: {len(prompt_token_ids)} tokens leave no room in max_model_len="
+                             f"{self.max_model_len}")
+        if params.n != 1:
+            raise ValueError("n: the engine core runs one sequence per request; expand n before adding")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        req = self.scheduler.abort(request_id)
+        return None if req is None else self._output(req, [], "")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler
+        return EngineStats(
+            num_running=len(s.running), num_waiting=len(s.waiting), num_blocks=self.blocks.num_blocks,
+            num_blocks_used=self.blocks.num_used, num_blocks_cached=self.blocks.num_cached,
+            num_snapshot_slots=self.states.num_snapshot_slots, num_snapshots=self.states.num_snapshots,
+            num_admitted_tokens=s.num_admitted_tokens, num_prefix_hit_tokens=s.num_hit_tokens,
+            num_computed_tokens=s.num_computed_tokens, num_generated_tokens=self.num_generated_tokens,
+            num_preemptions=s.num_preemptions, num_steps=self.num_steps)
+
+    def reset_prefix_cache(self) -> None:
+        self.blocks.clear_cache()
+        self.states.clear_cache()
+
+    def _process(self, batch: Batch, result: StepResult) -> list[RequestOutput]:
+        outputs = []
+        for i, req in enumerate(batch.requests):
+            if req.wants_prompt_logprobs:
+                record_prompt_logprobs(req, batch.cached_lens[i], result.prompt_logprobs[i] or [])
+            token = result.sampled[i]
+            if token is None:
+                continue
+            self.num_generated_tokens += 1
+            if result.logprobs[i] is not None:
+                req.logprobs.append(result.logprobs[i])
+            outputs.append(self._output(req, [token], self._detokenize(req, token)))
+        return outputs
+
+    def _detokenize(self, req: Request, token: int) -> str:
+        detok = self._detok.get(req.request_id)
+        if detok is None:
+            return ""
+        stopped_by_token = req.is_finished and req.finish_reason == "stop"
+        delta = "" if stopped_by_token else detok.push([token])
+        if detok.stopped_on is not None:
+            req.stop_reason = detok.stopped_on
+            if req.is_finished:  # the same token also ended it by length: the stop string wins
+                req.finish_reason = "stop"
+            self.scheduler.finish(req, "stop")
+        elif req.is_finished:
+            delta += detok.flush()
+        return delta
+
+    def _output(self, req: Request, new_tokens: list[int], delta_text: str) -> RequestOutput:
+        detok = self._detok.get(req.request_id)
+        text = detok.text[:detok.emitted] if detok else ""
+        if req.is_finished:
+            self._detok.pop(req.request_id, None)
+        return RequestOutput(
+            request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, token_ids=req.output_token_ids,
+            text=text, delta_token_ids=new_tokens, delta_text=delta_text, finished=req.is_finished,
+            finish_reason=req.finish_reason, stop_reason=req.stop_reason,
+            logprobs=req.logprobs if req.params.logprobs is not None else None,
+            prompt_logprobs=req.prompt_logprobs if req.wants_prompt_logprobs else None,
+            num_cached_tokens=req.num_prefix_hit_tokens)
+
+
+def record_prompt_logprobs(req: Request, start: int, chunk: list[dict[int, float]]) -> None:
+    """Entry ``p`` is the logprob of prompt token ``p`` (None for the first); a recompute after preemption
+    produces positions already recorded, which are skipped."""
+    if not req.prompt_logprobs:
+        req.prompt_logprobs.append(None)
+    for k, lp in enumerate(chunk):
+        if start + 1 + k == len(req.prompt_logprobs):
+            req.prompt_logprobs.append(lp)

@@ -1,0 +1,87 @@
+"""Batch -> packed tensors -> forward -> batched sampler.
+
+For a ``Batch`` of B requests with ``num_new_tokens[i]`` tokens each (N in all):
+  input_ids ``[N]`` (request i's tokens ``cached_lens[i] : cached_lens[i] + num_new_tokens[i]``),
+  cu_seqlens ``[B+1]``, state_slots ``[B]``, block_tables ``[B, max_blocks]`` (-1 padded).
+KDA slot copies listed by the batch are done before (prefix hits) and after (snapshots) the forward, over
+every KDA layer's state and conv tensors. Logits are computed only for rows that sample, plus every prompt
+position of requests that asked for prompt logprobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from k3serve.core.context import ForwardContext, ModelCaches, forward_context
+from k3serve.engine.request import Batch
+from k3serve.engine.sampler import sample, token_logprobs
+
+
+@dataclass
+class StepResult:
+    sampled: list[int | None]  # per batch row; None when the request did not reach its last token
+    logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    prompt_logprobs: list[list[dict[int, float]] | None] = field(default_factory=list)  # per row, this chunk
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, caches: ModelCaches, device: torch.device | str = "cpu"):
+        self.model = model
+        self.caches = caches
+        self.device = torch.device(device)
+
+    def copy_slots(self, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        for cache in (*self.caches.kda_state.values(), *self.caches.kda_conv.values()):
+            cache[dst] = cache[src]
+
+    def prepare(self, batch: Batch) -> tuple[torch.Tensor, ForwardContext]:
+        ids: list[int] = []
+        for req, start, n in zip(batch.requests, batch.cached_lens, batch.num_new_tokens):
+            ids += req.token_ids[start:start + n]
+        width = max(len(r.block_ids) for r in batch.requests)
+        tables = [r.block_ids + [-1] * (width - len(r.block_ids)) for r in batch.requests]
+        cu = torch.tensor([0, *batch.num_new_tokens]).cumsum(0)
+        ctx = ForwardContext(cu_seqlens=cu.to(self.device), cached_lens=list(batch.cached_lens),
+                             state_slots=torch.tensor([r.slot for r in batch.requests], device=self.device),
+                             block_tables=torch.tensor(tables, device=self.device), caches=self.caches)
+        return torch.tensor(ids, device=self.device), ctx
+
+    @torch.inference_mode()
+    def run(self, batch: Batch) -> StepResult:
+        self.copy_slots(batch.state_copies)
+        input_ids, ctx = self.prepare(batch)
+        rows = [i for i in range(len(batch)) if batch.samples(i)]
+        ends = ctx.cu_seqlens[1:].tolist()
+        with forward_context(ctx):
+            hidden = self.model(input_ids, ctx)
+            logits = self.model.compute_logits(hidden[[ends[i] - 1 for i in rows]])
+            prompt_lp = self._prompt_logprobs(batch, hidden, ends)
+        self.copy_slots(batch.snapshots)
+        result = sample(logits, [batch.requests[i] for i in rows])
+        sampled: list[int | None] = [None] * len(batch)
+        logprobs: list[dict[int, float] | None] = [None] * len(batch)
+        for j, i in enumerate(rows):
+            sampled[i], logprobs[i] = result.tokens[j], result.logprobs[j]
+        return StepResult(sampled, logprobs, prompt_lp)
+
+    def _prompt_logprobs(self, batch: Batch, hidden: torch.Tensor,
+                         ends: list[int]) -> list[list[dict[int, float]] | None]:
+        """Logprob of each next prompt token at every prompt position this chunk computes."""
+        out: list[list[dict[int, float]] | None] = [None] * len(batch)
+        for i, req in enumerate(batch.requests):
+            start, n = batch.cached_lens[i], batch.num_new_tokens[i]
+            num = min(start + n, req.num_prompt_tokens - 1) - start  # positions whose next token is prompt
+            if not req.wants_prompt_logprobs or num <= 0:
+                continue
+            first = ends[i] - n
+            logits = self.model.compute_logits(hidden[first:first + num])
+            targets = req.prompt_token_ids[start + 1:start + 1 + num]
+            out[i] = token_logprobs(logits, targets, [req.params.prompt_logprobs] * num)
+        return out

@@ -1,0 +1,93 @@
+"""Hybrid prefix cache over MLA blocks and KDA state snapshots, behind one small interface.
+
+Match rule: a hit of depth P (a multiple of the block size) needs the MLA blocks of the whole prefix
+``[0, P)`` *and* a KDA snapshot taken exactly at P. Both are keyed by the ``core.hashing`` chain hash of the
+block ending at P, so one walk of the hash chain finds the longest MLA prefix and then, right to left, the
+deepest snapshot inside it. A hit always leaves at least one token to compute (the step that samples needs
+its logits), so P <= num_tokens - 1.
+
+``PrefixCache`` is the contract; ``HybridPrefixCache`` implements it over ``BlockPool`` + ``StatePool``;
+``NoPrefixCache`` is the naive variant (caching off) used to check that hits never change outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from k3serve.core.hashing import hash_blocks
+from k3serve.engine.block_pool import BlockPool
+from k3serve.engine.request import Request
+from k3serve.engine.state_pool import StatePool
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    num_tokens: int = 0
+    blocks: tuple[int, ...] = ()
+    snapshot_slot: int | None = None
+
+
+class PrefixCache(Protocol):
+    enabled: bool
+
+    def match(self, req: Request) -> PrefixMatch:
+        """The deepest usable hit for ``req``'s tokens; nothing is acquired (the caller acquires what it uses)."""
+
+    def cache_blocks(self, req: Request) -> None:
+        """Offer the request's full, computed blocks to the cache (idempotent, call after every step)."""
+
+    def snapshot_key(self, req: Request, position: int) -> int:
+        """The key a KDA snapshot of ``req`` at block-aligned ``position`` is published under."""
+
+
+def update_block_hashes(req: Request, block_size: int) -> list[int]:
+    """Extend ``req.block_hashes`` to cover every full block of ``req.token_ids``."""
+    n_have = len(req.block_hashes)
+    if (n_have + 1) * block_size <= req.num_tokens:
+        parent = req.block_hashes[-1] if req.block_hashes else None
+        req.block_hashes += hash_blocks(req.token_ids[n_have * block_size:], block_size, parent=parent)
+    return req.block_hashes
+
+
+class HybridPrefixCache:
+    enabled = True
+
+    def __init__(self, blocks: BlockPool, states: StatePool):
+        self.blocks = blocks
+        self.states = states
+        self.block_size = blocks.block_size
+
+    def match(self, req: Request) -> PrefixMatch:
+        hashes = update_block_hashes(req, self.block_size)[: (req.num_tokens - 1) // self.block_size]
+        mla = self.blocks.match(hashes)
+        for j in range(len(mla), 0, -1):
+            slot = self.states.lookup(hashes[j - 1])
+            if slot is not None:
+                return PrefixMatch(j * self.block_size, tuple(mla[:j]), slot)
+        return PrefixMatch()
+
+    def cache_blocks(self, req: Request) -> None:
+        hashes = update_block_hashes(req, self.block_size)
+        full = min(req.num_computed_tokens // self.block_size, len(hashes))
+        for i in range(req.num_registered_blocks, full):
+            self.blocks.register(req.block_ids[i], hashes[i])
+        req.num_registered_blocks = max(req.num_registered_blocks, full)
+
+    def snapshot_key(self, req: Request, position: int) -> int:
+        if position <= 0 or position % self.block_size:
+            raise ValueError(f"snapshot position {position} is not a positive multiple of {self.block_size}")
+        return update_block_hashes(req, self.block_size)[position // self.block_size - 1]
+
+
+class NoPrefixCache:
+    enabled = False
+
+    def match(self, req: Request) -> PrefixMatch:
+        return PrefixMatch()
+
+    def cache_blocks(self, req: Request) -> None:
+        pass
+
+    def snapshot_key(self, req: Request, position: int) -> int:
+        raise RuntimeError("prefix caching is off")

@@ -1,0 +1,218 @@
+"""Continuous-batching scheduler: one token budget per step shared by decodes and prefill chunks.
+
+There are no prefill/decode phases (vLLM V1's rule): every request has ``num_computed_tokens`` chasing
+``num_tokens``, and each step hands out tokens so that it catches up, within ``max_num_batched_tokens``.
+Running requests are served first in FCFS order; when one cannot get the MLA blocks it needs, the most
+recently arrived running request is preempted by recompute (its blocks and slot go back, its outputs are
+kept and re-fed later). Waiting requests are admitted in FCFS order while a running slot and the blocks of
+their first chunk are available (admission by memory), after a prefix-cache match.
+
+With prefix caching on, prefill chunks end on snapshot positions (the block-aligned end of the prompt and
+every ``state_cache_interval`` tokens) so that the KDA state after the chunk is exactly the state at that
+position; decoding requests keep one pending snapshot at their latest block boundary, published when they
+leave (the state a follow-up turn of the conversation resumes from).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from k3serve.engine.block_pool import BlockPool
+from k3serve.engine.prefix_cache import PrefixCache, PrefixMatch
+from k3serve.engine.request import Batch, Request, RequestStatus
+from k3serve.engine.state_pool import StatePool
+
+
+class Scheduler:
+    def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, state_cache_interval: int,
+                 blocks: BlockPool, states: StatePool, cache: PrefixCache):
+        self.max_num_seqs = max_num_seqs
+        self.token_budget = max_num_batched_tokens
+        self.interval = state_cache_interval
+        self.blocks, self.states, self.cache = blocks, states, cache
+        self.block_size = blocks.block_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self.num_admitted_tokens = 0  # tokens of admitted requests (prefix-cache queries)
+        self.num_hit_tokens = 0
+        self.num_computed_tokens = 0  # tokens fed to the model, all steps
+
+    def add(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request_id: {req.request_id!r} is already in the engine")
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> Batch:
+        batch, budget = Batch(), self.token_budget
+        preemptions_before = self.num_preemptions
+        for req in list(self.running):
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = self._chunk(req, budget)
+            if not self._make_room(req, n):
+                break
+            self._schedule(batch, req, n)
+            budget -= n
+        while (self.waiting and budget > 0 and self.num_preemptions == preemptions_before
+               and len(self.running) < self.max_num_seqs and self._admit(batch, self.waiting[0], budget)):
+            budget -= batch.num_new_tokens[-1]
+        return batch
+
+    def update(self, batch: Batch, sampled: list[int | None]) -> None:
+        """Account for a finished forward: advance lengths, cache full blocks, publish snapshots, append the
+        sampled tokens and finish the requests that hit a token-level stop."""
+        for src, _ in batch.state_copies:
+            self.states.release(src)
+        for (_, slot), key in zip(batch.snapshots, batch.snapshot_keys):
+            if key is not None:
+                self.states.publish(slot, key)
+        for req, n, token in zip(batch.requests, batch.num_new_tokens, sampled):
+            req.num_computed_tokens += n
+            self.num_computed_tokens += n
+            self.cache.cache_blocks(req)
+            if token is not None:
+                req.token_ids.append(token)
+                reason = stop_reason(req)
+                if reason is not None:
+                    self.finish(req, reason)
+
+    def finish(self, req: Request, reason: str) -> None:
+        if req.is_finished:
+            return
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+            self._release(req)
+        else:
+            self.waiting.remove(req)
+        req.status, req.finish_reason = RequestStatus.FINISHED, reason
+        del self.requests[req.request_id]
+
+    def abort(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is not None:
+            self.finish(req, "abort")
+        return req
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        """Tokens to compute for ``req`` now: what is left, within the budget, ending on a snapshot point."""
+        n = min(req.extend_len, budget)
+        point = self._next_checkpoint(req)
+        return n if point is None else min(n, point - req.num_computed_tokens)
+
+    def _next_checkpoint(self, req: Request) -> int | None:
+        c, target = req.num_computed_tokens, req.prefill_target
+        if not self.cache.enabled or c >= target:
+            return None
+        points = [target // self.block_size * self.block_size]
+        if self.interval:
+            points.append((c // self.interval + 1) * self.interval)
+        points = [p for p in points if p > c]
+        return min(points) if points else None
+
+    def _make_room(self, req: Request, n: int) -> bool:
+        """Preempt from the tail of ``running`` until ``req``'s next ``n`` tokens fit; False if ``req`` itself
+        had to go."""
+        while self._blocks_needed(req, n) > self.blocks.num_free:
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _blocks_needed(self, req: Request, n: int) -> int:
+        return -(-(req.num_computed_tokens + n) // self.block_size) - len(req.block_ids)
+
+    def _schedule(self, batch: Batch, req: Request, n: int) -> None:
+        need = self._blocks_needed(req, n)
+        if need > 0:
+            req.block_ids += self.blocks.allocate(need)
+        batch.add(req, n)
+        self._plan_snapshot(batch, req, req.num_computed_tokens + n)
+
+    def _plan_snapshot(self, batch: Batch, req: Request, end: int) -> None:
+        """Prefill chunk ending on a checkpoint: a new snapshot, published after the step. Decode reaching a
+        block boundary: overwrite the request's pending snapshot (published when the request leaves)."""
+        if not self.cache.enabled or end % self.block_size:
+            return
+        if end <= req.prefill_target:
+            if end != self._next_checkpoint(req):
+                return
+            key = self.cache.snapshot_key(req, end)
+            if key in self.states.snapshot_of:
+                return
+            slot = self.states.allocate_snapshot()
+            if slot is not None:
+                batch.snapshots.append((req.slot, slot))
+                batch.snapshot_keys.append(key)
+            return
+        slot = req.pending_snapshot[0] if req.pending_snapshot else self.states.allocate_snapshot()
+        if slot is not None:
+            req.pending_snapshot = (slot, end)
+            batch.snapshots.append((req.slot, slot))
+            batch.snapshot_keys.append(None)
+
+    def _admit(self, batch: Batch, req: Request, budget: int) -> bool:
+        # prompt logprobs need the logits of every prompt position, so such requests never hit
+        hit = PrefixMatch() if req.wants_prompt_logprobs else self.cache.match(req)
+        hit_tokens, hit_blocks = hit.num_tokens, list(hit.blocks)
+        newly_held = sum(self.blocks.ref_count[b] == 0 for b in hit_blocks)
+        req.num_computed_tokens, req.prefill_target = hit_tokens, req.num_tokens
+        n = self._chunk(req, budget)
+        if -(-(hit_tokens + n) // self.block_size) - len(hit_blocks) > self.blocks.num_free - newly_held:
+            req.num_computed_tokens = 0
+            return False
+        self.waiting.popleft()
+        self.blocks.acquire(hit_blocks)
+        req.block_ids, req.num_registered_blocks = hit_blocks, len(hit_blocks)
+        req.slot = self.states.allocate_running()
+        if hit_tokens:
+            self.states.acquire(hit.snapshot_slot)
+            batch.state_copies.append((hit.snapshot_slot, req.slot))
+        req.num_prefix_hit_tokens = hit_tokens
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        self.num_admitted_tokens += req.num_tokens
+        self.num_hit_tokens += hit_tokens
+        self._schedule(batch, req, n)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        if req.pending_snapshot is not None:
+            slot, pos = req.pending_snapshot
+            self.states.publish(slot, self.cache.snapshot_key(req, pos))
+            req.pending_snapshot = None
+        self.blocks.release(req.block_ids)
+        req.block_ids, req.num_registered_blocks = [], 0
+        self.states.free_running(req.slot)
+        req.slot = None
+
+
+def stop_reason(req: Request) -> str | None:
+    """Token-level stop after ``req``'s newest token: ``"stop"`` (EOS / stop id), ``"length"`` or None."""
+    p, token = req.params, req.token_ids[-1]
+    if req.num_output_tokens > p.min_tokens:  # the sampler masks these ids before that
+        if not p.ignore_eos and token in req.eos_token_ids:
+            return "stop"
+        if token in p.stop_token_ids:
+            req.stop_reason = token
+            return "stop"
+    if req.num_output_tokens >= req.max_tokens or req.num_tokens >= req.max_model_len:
+        return "length"
+    return None

@@ -1,0 +1,33 @@
+"""Engine statistics for metrics: queue sizes, cache usage, prefix hit rate, preemptions, token counters."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_blocks: int
+    num_blocks_used: int  # held by running requests
+    num_blocks_cached: int  # blocks with a prefix hash (in use or evictable)
+    num_snapshot_slots: int
+    num_snapshots: int  # published KDA snapshots
+    num_admitted_tokens: int  # tokens of admitted requests, the denominator of the hit rate
+    num_prefix_hit_tokens: int
+    num_computed_tokens: int  # tokens fed to the model
+    num_generated_tokens: int
+    num_preemptions: int
+    num_steps: int
+
+    @property
+    def cache_usage(self) -> float:
+        return self.num_blocks_used / self.num_blocks
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.num_prefix_hit_tokens / self.num_admitted_tokens if self.num_admitted_tokens else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {**asdict(self), "cache_usage": self.cache_usage, "prefix_hit_rate": self.prefix_hit_rate}
