@@ -44,6 +44,8 @@ class ForwardContext:
     caches: ModelCaches
     seq_lens: list[int] = field(init=False)  # [B] new tokens per sequence
     slot_mapping: torch.Tensor = field(init=False)  # [N] flat MLA cache slot of each new token
+    has_initial_state: torch.Tensor = field(init=False)  # [B] bool, sequence continues cached state
+    is_decode: bool = field(init=False)  # every sequence adds one token to a non-empty cache
 
     def __post_init__(self) -> None:
         cu = self.cu_seqlens.tolist()
@@ -51,12 +53,16 @@ class ForwardContext:
         if len(self.cached_lens) != len(self.seq_lens):
             raise ValueError("cached_lens and cu_seqlens disagree on the batch size")
         bs = self.caches.block_size
-        slots = []
-        for i, (start, n) in enumerate(zip(self.cached_lens, self.seq_lens)):
-            pos = torch.arange(start, start + n)
-            blocks = self.block_tables[i, pos // bs] if n else pos
-            slots.append(blocks * bs + pos % bs)
-        self.slot_mapping = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long)
+        device = self.block_tables.device
+        lens = torch.tensor(self.seq_lens, dtype=torch.long, device=device)
+        seq = torch.repeat_interleave(torch.arange(len(self.seq_lens), device=device), lens)
+        # position of each new token within its sequence: cached length + offset inside this step
+        starts = torch.tensor(self.cached_lens, dtype=torch.long, device=device) - self.cu_seqlens[:-1].to(device)
+        pos = torch.arange(int(lens.sum()), device=device) + starts[seq]
+        self.slot_mapping = self.block_tables[seq, pos // bs] * bs + pos % bs
+        self.has_initial_state = torch.tensor([c > 0 for c in self.cached_lens], dtype=torch.bool, device=device)
+        # the batched single-step paths apply only when this holds
+        self.is_decode = all(n == 1 for n in self.seq_lens) and all(c > 0 for c in self.cached_lens)
 
     @property
     def batch_size(self) -> int:
@@ -69,15 +75,6 @@ class ForwardContext:
     @property
     def context_lens(self) -> list[int]:
         return [c + n for c, n in zip(self.cached_lens, self.seq_lens)]
-
-    @property
-    def is_decode(self) -> bool:
-        """Every sequence adds exactly one token to a non-empty cache: the batched single-step paths apply."""
-        return all(n == 1 for n in self.seq_lens) and all(c > 0 for c in self.cached_lens)
-
-    @property
-    def has_initial_state(self) -> torch.Tensor:
-        return torch.tensor([c > 0 for c in self.cached_lens], dtype=torch.bool)
 
     @property
     def last_token_indices(self) -> torch.Tensor:

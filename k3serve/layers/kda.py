@@ -90,15 +90,17 @@ class KimiDeltaAttention(nn.Module):
 
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         conv_weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
+        any_fresh = not ctx.is_decode and bool(fresh.any())
         conv_cache = ctx.caches.kda_conv[self.layer_idx]
-        conv_state = conv_cache[slots].float()
-        conv_state[fresh] = 0
+        conv_state = conv_cache.index_select(0, slots).float()
+        if any_fresh:
+            conv_state[fresh] = 0
         if ctx.is_decode:
             qkv, conv_state = registry.get("short_conv_update")(qkv.float(), conv_weight, conv_state)
         else:
             qkv, conv_state = registry.get("short_conv")(qkv.float(), conv_weight, conv_state=conv_state,
                                                          cu_seqlens=ctx.cu_seqlens)
-        conv_cache[slots] = conv_state.to(conv_cache.dtype)
+        conv_cache.index_copy_(0, slots, conv_state.to(conv_cache.dtype))
         q, k, v = (t.reshape(N, H, K) for t in qkv.split(H * K, dim=-1))
         q, k = l2_normalize(q), l2_normalize(k)
 
@@ -106,15 +108,16 @@ class KimiDeltaAttention(nn.Module):
         beta = torch.sigmoid(self.b_proj(x).float())
 
         state_cache = ctx.caches.kda_state[self.layer_idx]
-        state = state_cache[slots]
-        state[fresh] = 0
+        state = state_cache.index_select(0, slots)
+        if any_fresh:
+            state[fresh] = 0
         if ctx.is_decode:
             o, state = registry.get("kda_decode")(q, k, v.float(), g, beta, state)
         else:
             o, state = registry.get("kda_chunk")(q[None], k[None], v.float()[None], g[None], beta[None],
                                                  initial_state=state, cu_seqlens=ctx.cu_seqlens)
             o = o[0]
-        state_cache[slots] = state
+        state_cache.index_copy_(0, slots, state)
 
         z = self.g_proj(x) if self.full_rank_gate else self.g_b_proj(self.g_a_proj(x))
         o = self.o_norm(o, z.view(N, H, K)).to(x.dtype)

@@ -16,14 +16,6 @@ from k3serve.models.loader import load_model
 MODELS = ["kimi-linear-tiny-random", "k3-tiny-random"]
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _one_thread(_k3serve_cache):
-    # The tiny models run many small ops; on shared cores every intra-op barrier waits for a time slice,
-    # which made 2 threads 10-20x slower than 1 here.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 _loaded: dict[str, tuple] = {}
 
 

@@ -19,14 +19,6 @@ LENGTHS = [1, 7, 63, 65, 128, 130, 300]
 CHUNKS = [16, 32, 64]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These ops run on tiny tensors; a second intra-op thread only adds sync cost on a shared box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def make_inputs(B: int, T: int, H: int, K: int, V: int, gate: str, seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)

@@ -14,14 +14,6 @@ C, W = 12, 4
 LENS = [0, 1, 2, 3, 5, 17, 64]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These ops run on tiny tensors; a second intra-op thread only adds sync cost on a shared box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def cu_of(lens: list[int]) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)

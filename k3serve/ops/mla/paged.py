@@ -22,7 +22,8 @@ def gather_latents(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
     """The first ``length`` latents of one sequence: ``[length, C + R]``."""
     bs = cache.shape[1]
     blocks = block_table[: (length + bs - 1) // bs]
-    return cache[blocks].reshape(-1, cache.shape[-1])[:length]
+    # index_select is several times faster than advanced indexing for this row gather on CPU
+    return cache.index_select(0, blocks).reshape(-1, cache.shape[-1])[:length]
 
 
 def mla_prefill(q: torch.Tensor, latents: torch.Tensor, kv_b: torch.Tensor, *, nope_dim: int, v_dim: int,
@@ -53,7 +54,8 @@ def mla_decode_absorbed(q: torch.Tensor, cache: torch.Tensor, block_tables: torc
     bs = cache.shape[1]
     max_len = int(context_lens.max())
     nblk = (max_len + bs - 1) // bs
-    lat = cache[block_tables[:, :nblk].clamp(min=0)].reshape(B, nblk * bs, -1)[:, :max_len].float()
+    idx = block_tables[:, :nblk].clamp(min=0).reshape(-1)
+    lat = cache.index_select(0, idx).reshape(B, nblk * bs, -1)[:, :max_len].float()
     w = kv_b.float().view(H, nope_dim + v_dim, C)
     q_lat = torch.einsum("bhn,hnc->bhc", q[..., :nope_dim].float(), w[:, :nope_dim])
     scores = torch.einsum("bhc,blc->bhl", q_lat, lat[..., :C])
