@@ -1,0 +1,44 @@
+"""The three merge paths (small O(n^2), heap, linear backtracking) give tiktoken's merge order."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from k3serve.tokenizer.reference import bpe
+
+SMALL, HEAP, LINEAR = 1, 2, 3
+ALPHABETS = ["ab", "abcdefghijklmnopqrstuvwxyz", "aeiou rst", "0123456789abcdef", "=-+", " \t",
+             "日本語中文", "абвгд", "éèêë", "🙂👍"]
+
+
+def random_pieces(n: int, seed: int, lo: int = 2, hi: int = 127) -> list[bytes]:
+    rnd = random.Random(seed)
+    return [("".join(rnd.choices(rnd.choice(ALPHABETS), k=rnd.randint(lo, hi)))).encode()[:hi]
+            for _ in range(n)]
+
+
+def test_linear_encoder_is_enabled(tok):
+    assert tok._core.linear_ok()
+
+
+def test_paths_agree_with_reference(tok, ranks):
+    for p in random_pieces(600, seed=1):
+        want = bpe(p, ranks)
+        if p in ranks:
+            continue  # the whole-piece lookup answers these before any merging
+        for mode in (SMALL, HEAP, LINEAR):
+            assert tok._core.bpe(p, mode).tolist() == want, (mode, p)
+
+
+def test_linear_matches_heap_on_long_pieces(tok):
+    pieces = random_pieces(40, seed=2, lo=128, hi=20_000) + [b"a" * 25_000, b" " * 25_000, b"ab" * 9_000]
+    for p in pieces:
+        assert tok._core.bpe(p, LINEAR).tolist() == tok._core.bpe(p, HEAP).tolist(), p[:40]
+
+
+@pytest.mark.slow
+def test_linear_matches_heap_many(tok):
+    for p in random_pieces(20_000, seed=3, lo=2, hi=600):
+        assert tok._core.bpe(p, LINEAR).tolist() == tok._core.bpe(p, HEAP).tolist(), p
