@@ -112,14 +112,15 @@ class RoutedExperts(nn.Module):
                           param_slot(p + "w2.weight", self.w2[e])]
         return slots
 
-    def _linear(self, x: torch.Tensor, name: str, e: int, rows: slice | None = None) -> torch.Tensor:
-        if self.mxfp4:
-            packed, scale = getattr(self, name + "_packed")[e], getattr(self, name + "_scale")[e]
-            return registry.get("mxfp4_linear")(x, packed, scale, act_quant=self.act_quant).to(x.dtype)
-        return F.linear(x, getattr(self, name)[e])
+    def _mxfp4_linear(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
+        packed, scale = getattr(self, name + "_packed")[e], getattr(self, name + "_scale")[e]
+        return registry.get("mxfp4_linear")(x, packed, scale, act_quant=self.act_quant).to(x.dtype)
 
     def forward(self, u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """u ``[N, D]``, weights/ids ``[N, k]`` -> ``Σ_k w·expert(u)`` ``[N, D]`` accumulated in fp32."""
+        if not self.mxfp4:
+            return registry.get("expert_combine")(u, weights, ids, self.w13, self.w2, self.glu)
+        # Packed experts are dequantised one at a time, so full-precision weights never pile up.
         out = torch.zeros(u.shape[0], self.width, dtype=torch.float32)
         flat = ids.flatten()
         order = flat.argsort(stable=True)
@@ -132,9 +133,8 @@ class RoutedExperts(nn.Module):
             sel = order[start:start + n]
             tok = token_of[start:start + n]
             start += n
-            h = self._linear(u[tok], "w13", e)
-            h = self.glu(h[:, : self.inter], h[:, self.inter:])
-            y = self._linear(h, "w2", e)
+            h = self._mxfp4_linear(u[tok], "w13", e)
+            y = self._mxfp4_linear(self.glu(h[:, : self.inter], h[:, self.inter:]), "w2", e)
             out.index_add_(0, tok, y.float() * weights.flatten()[sel, None].float())
         return out
 
