@@ -55,7 +55,12 @@ class KimiForCausalLM(nn.Module):
         super().__init__()
         self.model = KimiModel(cfg, model_type=model_type, mxfp4_experts=mxfp4_experts)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
+        self.tied = cfg.tie_word_embeddings
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the LM head when the config ties them (again after ``to_empty``)."""
+        if self.tied:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext,

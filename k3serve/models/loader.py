@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from k3serve.core.config import ModelConfig
 from k3serve.layers.weights import CheckpointError, WeightSlot, collect_slots
-from k3serve.models.kimi import build_model
+from k3serve.models.kimi import build_model, text_model
 
 # Alternative spellings seen in published checkpoints and writers, mapped to ours.
 _KEY_ALIASES: list[tuple[re.Pattern[str], str]] = [
@@ -68,7 +68,8 @@ def materialize(config: ModelConfig, dtype: torch.dtype) -> nn.Module:
     with torch.device("meta"):
         model = build_model(config)
     fp32 = {n for n, p in model.named_parameters() if getattr(p, "keep_fp32", False)}
-    model.to_empty(device="cpu")  # new tensors: the keep_fp32 marks must be put back
+    model.to_empty(device="cpu")  # new tensors: the keep_fp32 marks and weight ties must be put back
+    text_model(model).tie_weights()
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if name in fp32:
             t.keep_fp32 = True

@@ -51,5 +51,10 @@ def set_backend(op: str, backend: str) -> None:
     _ACTIVE[op] = backend
 
 
+def active(op: str) -> str:
+    """The backend ``get(op)`` returns now."""
+    return _ACTIVE.get(op, DEFAULT_BACKEND)
+
+
 def backends(op: str) -> list[str]:
     return sorted(_BACKENDS.get(op, {}))

@@ -139,3 +139,15 @@ def test_pickle_only_and_missing_dirs(tmp_path):
         load_model(tmp_path, progress=False)
     with pytest.raises(FileNotFoundError, match="neither a directory nor a built-in name"):
         load_model(tmp_path / "nope", progress=False)
+
+
+def test_tied_embeddings_are_stored_once(tmp_path):
+    d = json.loads(packaged_config("kimi-linear-tiny").read_text())
+    d["tie_word_embeddings"] = True
+    path = write_random_checkpoint(d, tmp_path, seed=1)
+    with safe_open(path / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    assert "model.embed_tokens.weight" in keys and "lm_head.weight" not in keys
+    model, _ = load_model(path, progress=False)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert torch.isfinite(_logits(model)).all()

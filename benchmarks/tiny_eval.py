@@ -1,0 +1,176 @@
+"""Score the default K3 model on fresh held-out synthetic tasks (issue 6 acceptance).
+
+Tasks come from ``k3serve.train.tasks`` on the held-out side of the name split (tool / schema names the
+training never drew), with a seed the training never used, so names, values and schemas are new
+combinations. Recall prompts hold >= 2k tokens of context.
+
+    # through the server (OpenAI-compatible /v1/chat/completions):
+    python benchmarks/tiny_eval.py --base-url http://127.0.0.1:8000/v1 --n 50
+    # offline, greedy decoding with the naive runner (k3serve.models.generate), no server needed:
+    python benchmarks/tiny_eval.py --offline runs/k3-default/model --n 50
+    # plus MXFP4-vs-bf16 greedy agreement (teacher-forced on the MXFP4 model's own outputs):
+    python benchmarks/tiny_eval.py --offline runs/k3-default/model --bf16 runs/k3-default/bf16 --n 50
+
+Acceptance: tool >= 90% (exact name and arguments, single and multi-tool), decline >= 90%, json valid
+100% and correct >= 90%, recall at >= 2k tokens >= 95%, MXFP4/bf16 agreement >= 99%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+
+from k3serve.train import tasks
+from k3serve.train.render import STOP_ID, parse_output, prompt_ids
+from k3serve.train.tok import load_tokenizer
+
+TARGETS = {"tool": 0.9, "decline": 0.9, "json": 0.9, "json_valid": 1.0, "recall": 0.95}
+RECALL_RECORDS = 150  # ~2.1k tokens of context
+
+
+def make_tasks(n: int, seed: int) -> list[tasks.Sample]:
+    """``n`` held-out tasks per kind; thinking on for most, as the server's K3 default is."""
+    rng = random.Random(seed)
+    out = []
+    for kind in tasks.KINDS:
+        for _ in range(n):
+            kwargs = {"records": RECALL_RECORDS} if kind == "recall" else {}
+            out.append(tasks.make(kind, rng, held_out=True, **kwargs))
+    return out
+
+
+def http_answer(base_url: str, model: str, api_key: str | None) -> Callable[[tasks.Sample], tuple[str, list]]:
+    import httpx
+
+    client = httpx.Client(base_url=base_url, timeout=600, headers={"Authorization": f"Bearer {api_key or 'none'}"})
+
+    def answer(s: tasks.Sample) -> tuple[str, list]:
+        body: dict[str, Any] = {"model": model, "messages": s.messages, "temperature": 0, "max_tokens": 256,
+                                "chat_template_kwargs": {"thinking": s.thinking}}
+        if s.tools:
+            body["tools"] = s.tools
+        if s.response_format:
+            body["response_format"] = s.response_format
+        if s.thinking and s.effort:
+            body["reasoning_effort"] = s.effort
+        r = client.post("/chat/completions", json=body)
+        r.raise_for_status()
+        msg = r.json()["choices"][0]["message"]
+        return msg.get("content") or "", list(msg.get("tool_calls") or [])
+
+    return answer
+
+
+def offline_generate(model, samples: list[tasks.Sample], tok, max_new: int, batch: int = 8) -> list[list[int]]:
+    from k3serve.models.generate import greedy_generate
+
+    outs: list[list[int]] = []
+    for i in range(0, len(samples), batch):
+        prompts = [prompt_ids(s, tok) for s in samples[i:i + batch]]
+        outs += greedy_generate(model, prompts, max_new, eos_ids=(STOP_ID,))
+    return outs
+
+
+def agreement(ref_model, samples: list[tasks.Sample], outs: list[list[int]], tok) -> tuple[int, int]:
+    """Positions where ``ref_model``'s greedy token equals the generated one, given the same prefix."""
+    from k3serve.models.generate import SimpleRunner
+
+    same = total = 0
+    for s, out in zip(samples, outs):
+        prompt = prompt_ids(s, tok)
+        runner = SimpleRunner(ref_model, max_seqs=1, max_len=len(prompt) + len(out) + 1)
+        logits = runner.step({0: prompt})
+        for t in out:
+            same += int(logits.argmax(-1).item() == t)
+            total += 1
+            logits = runner.step({0: [t]})
+    return same, total
+
+
+def score_all(samples: list[tasks.Sample], answers: list[tuple[str, list]]) -> dict[str, Any]:
+    res: dict[str, list[bool]] = {"tool": [], "decline": [], "json": [], "json_valid": [], "recall": [],
+                                  "followup": []}
+    for s, (content, calls) in zip(samples, answers):
+        key = "tool" if s.kind in ("tool", "choose") else s.kind
+        res[key].append(tasks.score(s, content, calls))
+        if s.kind == "json":
+            try:
+                jsonschema.validate(json.loads(content), s.response_format["json_schema"]["schema"])
+                res["json_valid"].append(True)
+            except (json.JSONDecodeError, jsonschema.ValidationError):
+                res["json_valid"].append(False)
+    return {k: {"n": len(v), "accuracy": sum(v) / len(v) if v else None} for k, v in res.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--base-url", help="OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1")
+    src.add_argument("--offline", help="checkpoint directory (or built-in name) to run with the naive runner")
+    p.add_argument("--model", default="default", help="model name sent to the server")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--bf16", default=None, help="offline: bf16-experts twin for the agreement check")
+    p.add_argument("--used-ids", default=None, help="used_ids.json of the run: report vocabulary coverage")
+    p.add_argument("--n", type=int, default=50, help="tasks per kind")
+    p.add_argument("--seed", type=int, default=20261129, help="task seed (never a training seed)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--show", type=int, default=0, help="offline: print the raw output of this many tasks per kind")
+    args = p.parse_args(argv)
+    if args.n < 1:
+        print("--n must be >= 1", file=sys.stderr)
+        return 2
+    tok = load_tokenizer()
+    samples = make_tasks(args.n, args.seed)
+    lens = [len(prompt_ids(s, tok)) for s in samples if s.kind == "recall"]
+    report: dict[str, Any] = {"n_per_kind": args.n, "seed": args.seed, "recall_prompt_tokens": [min(lens), max(lens)]}
+    if args.used_ids:
+        used = set(json.loads(open(args.used_ids).read()))
+        report["covered_prompts"] = sum(set(prompt_ids(s, tok)) <= used for s in samples) / len(samples)
+    t0 = time.time()
+    if args.base_url:
+        ask = http_answer(args.base_url, args.model, args.api_key)
+        answers = [ask(s) for s in samples]
+    else:
+        import torch
+
+        from k3serve.models.loader import load_model
+
+        torch.set_num_threads(args.threads)
+        model, _ = load_model(args.offline, progress=False)
+        outs = offline_generate(model, samples, tok, args.max_new_tokens)
+        answers = [parse_output(s, tok.decode(o)) for s, o in zip(samples, outs)]
+        for i, (s, o) in enumerate(zip(samples, outs)):
+            if i % args.n < args.show:
+                print(f"--- {s.kind}: expected {json.dumps(s.expected)[:200]}\n{tok.decode(o)}")
+        if args.bf16:
+            ref, _ = load_model(args.bf16, progress=False)
+            same, total = agreement(ref, samples, outs, tok)
+            report["mxfp4_bf16_agreement"] = {"tokens": total, "accuracy": same / max(1, total)}
+    report["seconds"] = round(time.time() - t0, 1)
+    report["scores"] = score_all(samples, answers)
+    for key, target in TARGETS.items():
+        acc = report["scores"][key]["accuracy"]
+        print(f"{key:10s} {acc:7.1%}  (n={report['scores'][key]['n']}, target {target:.0%})"
+              f"  {'PASS' if acc is not None and acc >= target else 'FAIL'}")
+    print(f"{'followup':10s} {report['scores']['followup']['accuracy']:7.1%}  (n={report['scores']['followup']['n']})")
+    if "mxfp4_bf16_agreement" in report:
+        a = report["mxfp4_bf16_agreement"]
+        print(f"agreement  {a['accuracy']:7.2%}  ({a['tokens']} tokens, target 99%)")
+    print(json.dumps({k: v for k, v in report.items() if k != "scores"}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""Training data: the curriculum, the used-id inventory and packed batches of encoded samples.
+
+Curriculum (by fraction of training steps): the task mix stays fixed while the long-context recall grows
+from short lists to >= 2k-token contexts, so copying is learnt on cheap sequences before it is stretched:
+
+    stage        steps      recall records (~14 tokens each)
+    short        0.0-0.3    8-40
+    medium       0.3-0.7    40-110
+    long         0.7-1.0    110-175   (1.6k-2.5k tokens)
+
+A batch is a list of ``(ids, n_prompt)`` whose total length stays under the token budget.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from k3serve.train import tasks
+from k3serve.train.render import encode_sample
+from k3serve.train.vocab import CompactVocab
+
+MIX = {"tool": 0.18, "choose": 0.2, "decline": 0.15, "json": 0.17, "recall": 0.18, "followup": 0.12}
+STAGES = ((0.3, (8, 40)), (0.7, (40, 110)), (1.0, (110, 175)))
+
+
+@dataclass(frozen=True)
+class Encoded:
+    kind: str
+    ids: list[int]
+    n_prompt: int
+
+
+def recall_range(progress: float) -> tuple[int, int]:
+    for end, rng in STAGES:
+        if progress < end:
+            return rng
+    return STAGES[-1][1]
+
+
+def sample_kind(rng: random.Random) -> str:
+    return rng.choices(list(MIX), weights=list(MIX.values()))[0]
+
+
+def draw(rng: random.Random, tokenizer, progress: float) -> Encoded:
+    kind = sample_kind(rng)
+    kwargs = {"records": rng.randint(*recall_range(progress))} if kind == "recall" else {}
+    s = tasks.make(kind, rng, held_out=False, **kwargs)
+    ids, n = encode_sample(s, tokenizer)
+    return Encoded(kind, ids, n)
+
+
+def inventory(tokenizer, seed: int, per_kind: int = 600) -> set[int]:
+    """The used ids: every id of ``per_kind`` training-side samples of each kind (short recall lists;
+    length does not add ids). Samples drawn later that fall outside are skipped by ``batches``."""
+    rng = random.Random(seed)
+    used: set[int] = set()
+    for kind in tasks.KINDS:
+        for _ in range(per_kind):
+            kwargs = {"records": 20} if kind == "recall" else {}
+            ids, _ = encode_sample(tasks.make(kind, rng, held_out=False, **kwargs), tokenizer)
+            used.update(ids)
+    return used
+
+
+def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
+            stats: dict[str, int] | None = None) -> Iterator[list[Encoded]]:
+    """``steps`` batches of fresh samples, deterministic in ``seed``; never cut a sample."""
+    rng = random.Random(seed)
+    pending: Encoded | None = None
+    for step in range(steps):
+        batch: list[Encoded] = []
+        used = 0
+        while True:
+            e = pending or draw(rng, tokenizer, step / steps)
+            pending = None
+            if not vocab.covers(e.ids):
+                if stats is not None:
+                    stats["skipped"] = stats.get("skipped", 0) + 1
+                continue
+            if batch and used + len(e.ids) > tokens_per_step:
+                pending = e
+                break
+            batch.append(e)
+            used += len(e.ids)
+        yield batch

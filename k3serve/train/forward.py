@@ -1,0 +1,61 @@
+"""Full-sequence training forward: packed sequences in, logits over a row subset out, autograd intact.
+
+The model's forward reads a ``ForwardContext`` with caches; for training each step gets fresh zeroed
+caches (MLA latents and KDA states are written there but never read back: every sequence starts empty),
+and the differentiable KDA backend ``"train"`` replaces the in-place serving kernel for the step.
+
+    hidden = train_forward(model, [ids_0, ids_1, ...])     # [sum(len), d]
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import nn
+
+import k3serve.ops.kda  # noqa: F401  (registers the serving KDA ops the layers also use)
+import k3serve.ops.mla  # noqa: F401
+import k3serve.ops.short_conv  # noqa: F401
+import k3serve.train.kda_autograd  # noqa: F401  (registers kda_chunk/"train")
+from k3serve.core.context import ForwardContext, forward_context
+from k3serve.models.cache import allocate_caches, cache_spec
+from k3serve.ops import registry
+
+BLOCK = 64
+
+
+@contextlib.contextmanager
+def training_backend() -> Iterator[None]:
+    """Route ``kda_chunk`` to the differentiable form for the duration, then restore the previous one."""
+    previous = registry.active("kda_chunk")
+    registry.set_backend("kda_chunk", "train")
+    try:
+        yield
+    finally:
+        registry.set_backend("kda_chunk", previous)
+
+
+def packed_context(model: nn.Module, lens: Sequence[int], dtype: torch.dtype = torch.float32) -> ForwardContext:
+    """A context for a fresh prefill of sequences of ``lens`` tokens, with just enough new caches."""
+    blocks = [-(-n // BLOCK) for n in lens]
+    caches = allocate_caches(cache_spec(model, dtype), num_blocks=max(1, sum(blocks)), block_size=BLOCK,
+                             num_slots=len(lens))
+    tables = torch.full((len(lens), max(blocks)), -1, dtype=torch.long)
+    start = 0
+    for i, b in enumerate(blocks):
+        tables[i, :b] = torch.arange(start, start + b)
+        start += b
+    cu = torch.tensor([0, *lens]).cumsum(0)
+    return ForwardContext(cu_seqlens=cu, cached_lens=[0] * len(lens), state_slots=torch.arange(len(lens)),
+                          block_tables=tables, caches=caches)
+
+
+def train_forward(model: nn.Module, seqs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Final hidden states ``[sum(len), d]`` of the packed sequences (each a 1-D long tensor)."""
+    if not seqs or any(s.dim() != 1 or s.numel() == 0 for s in seqs):
+        raise ValueError("seqs must be a non-empty list of non-empty 1-D token tensors")
+    ctx = packed_context(model, [s.numel() for s in seqs])
+    with training_backend(), forward_context(ctx):
+        return model(torch.cat(seqs), ctx)

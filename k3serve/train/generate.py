@@ -1,0 +1,52 @@
+"""Write synthetic K3 conversations as JSON lines (the training stream draws the same tasks on the fly).
+
+    python -m k3serve.train.generate --n 20 --out /tmp/k3-tasks.jsonl [--held-out] [--seed 0]
+
+Each line: the OpenAI-style request (messages, tools, response_format, thinking, effort), the assistant
+``target``, the ``expected`` answer, the rendered K3 text (prompt + answer) and its token counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+
+from k3serve.train import tasks
+from k3serve.train.render import encode_sample
+from k3serve.train.tok import load_tokenizer
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=10, help="conversations per kind")
+    p.add_argument("--out", default="-", help="output .jsonl ('-' = stdout)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--held-out", action="store_true", help="draw held-out tool names (evaluation side)")
+    p.add_argument("--kinds", nargs="+", default=list(tasks.KINDS), choices=tasks.KINDS)
+    p.add_argument("--records", type=int, default=150, help="records in recall contexts (~14 tokens each)")
+    args = p.parse_args(argv)
+    if args.n < 1 or args.records < 1:
+        print("error: --n and --records must be >= 1", file=sys.stderr)
+        return 2
+    tok, rng = load_tokenizer(), random.Random(args.seed)
+    out = sys.stdout if args.out == "-" else open(args.out, "w")
+    try:
+        for kind in args.kinds:
+            for _ in range(args.n):
+                kwargs = {"records": args.records} if kind == "recall" else {}
+                s = tasks.make(kind, rng, held_out=args.held_out, **kwargs)
+                ids, n_prompt = encode_sample(s, tok)
+                row = dataclasses.asdict(s) | {"text": tok.decode(ids), "prompt_tokens": n_prompt,
+                                               "answer_tokens": len(ids) - n_prompt}
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

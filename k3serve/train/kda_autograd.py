@@ -1,0 +1,115 @@
+"""A differentiable chunked KDA prefill for training, registered as backend "train" of op "kda_chunk".
+
+The serving form (`ops/kda/chunk.py`) writes into preallocated buffers (``out=``, in-place decay), which
+autograd refuses. This one computes the same WY chunk form out of place. Shapes as in `ops/kda/naive.py`:
+q, k, g ``[1, T, H, K]`` packed (or ``[B, T, H, K]``), v ``[.., V]``, beta ``[.., H]``, cu_seqlens ``[N+1]``.
+
+Per chunk of C tokens and head, Gamma = in-chunk inclusive cumsum of g ``[C, K]``, incoming state S:
+  D[r, j] = exp(Gamma_r - Gamma_j) for j <= r (built pairwise, masked *before* exp, so never overflows)
+  A_kk[r, j] = sum_c k_r k_j D (j < r);  A_qk[r, j] = scale sum_c q_r k_j D (j <= r)
+  delta = (I + diag(beta) A_kk)^-1 diag(beta) (V - (exp(Gamma) k) S)
+  O = scale (exp(Gamma) q) S + A_qk delta;   S <- exp(Gamma_C) S + (exp(Gamma_C - Gamma) k)^T delta
+The in-chunk terms are batched over all chunks; only the state hand-off loops over chunk steps.
+Memory is O(T · C · K) per head for D, so C is small (16). Each sequence is cut into its own chunks
+(no padding to the longest), and the hand-off at step n advances only sequences with an n-th chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from k3serve.ops import registry
+from k3serve.ops.kda.validate import check_prefill, default_scale
+
+CHUNK = 64
+
+
+# exp(x) for |x| <= MAX_EXP stays a normal fp32 number, and so does a product of two such factors.
+MAX_EXP = 80.0
+
+
+def _intra(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, g_min: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A_qk (j <= r) and A_kk (j < r) ``[M, H, C, C]`` from q (scaled), k, gamma ``[M, H, C, K]``.
+
+    When a chunk cannot decay by more than 2 MAX_EXP, exp(Gamma_r - Gamma_j) is factored through the
+    chunk midpoint, exp(Gamma_r - Gamma_m) exp(Gamma_m - Gamma_j), each factor within exp(+-MAX_EXP):
+    two matmuls. Otherwise (a very negative gate) the pairwise ``[C, C, K]`` form, masked before exp."""
+    C = q.shape[2]
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    if -g_min * C <= 2 * MAX_EXP:
+        ref = gamma[..., C // 2 : C // 2 + 1, :]
+        rows, cols = (gamma - ref).exp(), (ref - gamma).exp()
+        a_qk = ((q * rows) @ (k * cols).mT).masked_fill(~causal, 0.0)
+        a_kk = ((k * rows) @ (k * cols).mT).tril(-1)
+        return a_qk, a_kk
+    diff = gamma.unsqueeze(3) - gamma.unsqueeze(2)  # [M, H, r, j, K]
+    decay = torch.where(causal[..., None], diff, float("-inf")).exp()
+    a_qk = torch.einsum("...rc,...jc,...rjc->...rj", q, k, decay)
+    a_kk = torch.einsum("...rc,...jc,...rjc->...rj", k, k, decay).tril(-1)
+    return a_qk, a_kk
+
+
+def _chunk_layout(bounds: list[tuple[int, int]], C: int) -> tuple[torch.Tensor, list[int], list[int]]:
+    """Each sequence's tokens in its own run of zero-padded chunks (no padding to the longest sequence).
+
+    Returns the flat destination of every packed token in ``[n_chunks * C]``, the first chunk of each
+    sequence, and each sequence's chunk count."""
+    counts = [-(-(e - s) // C) for s, e in bounds]
+    firsts = [0]
+    for c in counts[:-1]:
+        firsts.append(firsts[-1] + c)
+    dst = torch.cat([torch.arange(e - s) + f * C for (s, e), f in zip(bounds, firsts)])
+    return dst, firsts, counts
+
+
+def chunk_kda_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+                    scale: float | None = None, initial_state: torch.Tensor | None = None,
+                    cu_seqlens: torch.Tensor | None = None, chunk_size: int = CHUNK
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    bounds = check_prefill(q, k, v, g, beta, initial_state, cu_seqlens)
+    B, T, H, K = q.shape
+    V, C, N = v.shape[-1], chunk_size, len(bounds)
+    scale = default_scale(scale, K)
+    dst, firsts, counts = _chunk_layout(bounds, C)
+    M = sum(counts)
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        """Packed ``[B*T, H, d]`` -> chunks ``[M, H, C, d]`` fp32, zero padding (g = beta = 0: inert)."""
+        x = x.reshape(B * T, H, -1).float()
+        out = x.new_zeros(M * C, H, x.shape[-1]).index_copy(0, dst, x)
+        return out.view(M, C, H, -1).transpose(1, 2)
+
+    qc, kc, vc, gc, bc = pad(q), pad(k), pad(v), pad(g), pad(beta)
+    gamma = gc.cumsum(2)  # [M, H, C, K]
+    a_qk, a_kk = _intra(qc * scale, kc, gamma, float(g.detach().min()) if g.numel() else 0.0)
+    lhs = torch.eye(C, device=q.device) + bc * a_kk  # unit lower-triangular
+    exp_g = gamma.exp()
+    wu = torch.linalg.solve_triangular(lhs, torch.cat([bc * exp_g * kc, bc * vc], -1), upper=False,
+                                       unitriangular=True)
+    w, u = wu[..., :K], wu[..., K:]
+    q_dec = scale * exp_g * qc
+    k_suf_t = ((gamma[..., -1:, :] - gamma).exp() * kc).mT  # [M, H, K, C]
+    chunk_dec = gamma[..., -1, :].exp().unsqueeze(-1)  # [M, H, K, 1]
+
+    # Sequences ranked by chunk count: the ones still running at step n are a prefix of the ranking.
+    order = sorted(range(N), key=lambda i: -counts[i])
+    state = q.new_zeros(N, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
+    state = state[order]
+    first = torch.tensor([firsts[i] for i in order])
+    outs, where = [], []
+    for n in range(max(counts, default=0)):
+        a = sum(1 for i in order if counts[i] > n)
+        idx = first[:a] + n
+        s = state[:a]
+        delta = u[idx] - w[idx] @ s
+        outs.append(q_dec[idx] @ s + a_qk[idx] @ delta)
+        where.append(idx)
+        state = torch.cat([chunk_dec[idx] * s + k_suf_t[idx] @ delta, state[a:]])
+    o = torch.cat(outs)[torch.cat(where).argsort()]  # back to chunk order [M, H, C, V]
+    o = o.transpose(1, 2).reshape(M * C, H, V)[dst]
+    final = torch.empty_like(state)
+    final[order] = state
+    return o.reshape(B, T, H, V).to(v.dtype), final
+
+
+registry.register("kda_chunk", "train")(chunk_kda_train)

@@ -1,0 +1,60 @@
+"""Data parallelism over CPU processes (torch.distributed, gloo): one process per core beats two threads in
+one process on small ops, and on a loaded box two threads oversubscribe badly.
+
+Every rank holds the whole model and draws its own batches; after backward the gradients (and the expert
+loads that drive the router-bias balancing) are summed across ranks in one flat all-reduce, so all ranks
+apply identical updates and stay bit-identical. With ``world == 1`` nothing here communicates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def init(rank: int, world: int, rendezvous: Path) -> None:
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous.resolve()}", rank=rank, world_size=world)
+
+
+def finish(world: int) -> None:
+    if world > 1:
+        dist.barrier()  # no rank tears the group down while another is still in a collective
+        dist.destroy_process_group()
+
+
+def sum_(tensors: Sequence[torch.Tensor], world: int) -> None:
+    """In place: every tensor becomes its sum over ranks (one flat all-reduce)."""
+    if world == 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    off = 0
+    for t in tensors:
+        t.copy_(flat[off:off + t.numel()].view_as(t))
+        off += t.numel()
+
+
+def average_grads(params: Sequence[torch.Tensor], world: int) -> None:
+    """Mean gradient over ranks; a missing grad counts as zero (and is materialised on every rank)."""
+    if world == 1:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    sum_(grads, world)
+    for g in grads:
+        g.div_(world)
+
+
+def launch(fn: Callable[..., None], world: int, *args: object) -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` processes (in this one when world == 1); ``fn`` must be a
+    module-level function (it is pickled)."""
+    if world == 1:
+        fn(0, 1, *args)
+    else:
+        torch.multiprocessing.spawn(fn, args=(world, *args), nprocs=world, join=True)

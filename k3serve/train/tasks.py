@@ -1,0 +1,230 @@
+"""Synthetic K3 tasks: tool calls, tool choice, declining, JSON under a schema, long-context recall and
+follow-ups that use tool results. Each ``make_*`` returns a ``Sample``: the OpenAI-style request (messages,
+tools, thinking, response_format), the assistant message to learn, and what a correct answer must contain.
+
+``score(sample, content, tool_calls)`` grades a parsed answer the same way for training-time checks, the
+offline evaluation and the HTTP evaluation. Everything is drawn from a seeded ``random.Random``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from k3serve.train import pools
+
+KINDS = ("tool", "choose", "decline", "json", "recall", "followup")
+EFFORTS = ("max", "max", "max", "high", "low")  # the K3 efforts, the server default (max) most often
+
+
+@dataclass(frozen=True)
+class Sample:
+    kind: str
+    messages: list[dict[str, Any]]
+    target: dict[str, Any]  # the assistant message: content, reasoning_content, tool_calls
+    expected: dict[str, Any]  # {"tool", "arguments"} | {"tool": None} | {"json"} | {"text"}
+    tools: list[dict[str, Any]] | None = None
+    thinking: bool = True
+    effort: str | None = "max"
+    response_format: dict[str, Any] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _leaf(rng: random.Random, key: str) -> tuple[dict[str, Any], Any, str]:
+    """(schema, value, how the value is written in the user message) for one leaf parameter."""
+    r = rng.random()
+    if r < 0.35:
+        v = pools.string_value(rng)
+        return {"type": "string"}, v, v
+    if r < 0.6:
+        v = rng.randint(0, 9999)
+        return {"type": "integer"}, v, str(v)
+    if r < 0.72:
+        v = rng.random() < 0.5
+        return {"type": "boolean"}, v, json.dumps(v)
+    if r < 0.88:
+        options = rng.choice(pools.ENUMS)
+        v = rng.choice(options)
+        return {"type": "string", "enum": list(options)}, v, v
+    v = [rng.choice(pools.WORDS) for _ in range(rng.randint(2, 3))]
+    return {"type": "array", "items": {"type": "string"}}, v, " and ".join(v)
+
+
+def make_schema(rng: random.Random, n_leaves: int) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, str]]]:
+    """An object schema with ``n_leaves`` uniquely named leaves, some grouped into one nested object.
+
+    Returns (schema, value object, [(leaf key, written value)])."""
+    keys = rng.sample(pools.KEYS, n_leaves + 1)
+    props: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+    mentions: list[tuple[str, str]] = []
+    nested = n_leaves >= 3 and rng.random() < 0.4
+    group = keys.pop() if nested else None
+    inner = rng.randint(2, min(3, n_leaves - 1)) if nested else 0
+    sub_props: dict[str, Any] = {}
+    sub_values: dict[str, Any] = {}
+    for i, key in enumerate(keys[:n_leaves]):
+        schema, value, written = _leaf(rng, key)
+        mentions.append((key, written))
+        if i < inner:
+            sub_props[key], sub_values[key] = schema, value
+        else:
+            props[key], values[key] = schema, value
+    if group is not None:
+        props = {group: {"type": "object", "properties": sub_props, "required": list(sub_props)}, **props}
+        values = {group: sub_values, **values}
+    return {"type": "object", "properties": props, "required": list(props)}, values, mentions
+
+
+def _tool(name: str, verb: str, obj: str, params: dict[str, Any]) -> dict[str, Any]:
+    desc = f"{verb.capitalize()} the {obj}."
+    return {"type": "function", "function": {"name": name, "description": desc, "parameters": params}}
+
+
+def _mention_text(rng: random.Random, mentions: list[tuple[str, str]]) -> str:
+    mentions = list(mentions)
+    if rng.random() < 0.5:
+        rng.shuffle(mentions)
+    return "; ".join(f"{k} {v}" for k, v in mentions)
+
+
+def _request(rng: random.Random, verb: str, obj: str, mentions: list[tuple[str, str]]) -> str:
+    m = _mention_text(rng, mentions)
+    return rng.choice((f"Please {verb} the {obj} with {m}.", f"I need you to {verb} the {obj}. Use {m}.",
+                       f"{verb.capitalize()} the {obj}: {m}.", f"Can you {verb} the {obj}? {m}."))
+
+
+def _toolset(rng: random.Random, held_out: bool, n: int) -> list[tuple[str, str, str]]:
+    """n distinct tools; later ones often share the first one's verb or object (hard negatives)."""
+    first = pools.tool_name(rng, held_out)
+    out = [first]
+    while len(out) < n:
+        name, verb, obj = pools.tool_name(rng, held_out)
+        if rng.random() < 0.5:
+            verb = first[1] if rng.random() < 0.5 else verb
+            obj = first[2] if verb != first[1] else obj
+            name = f"{verb}_{obj}"
+            if pools.is_held_out(name) != held_out:
+                continue
+        if all((verb, obj) != (v, o) for _, v, o in out) and all(name != n_ for n_, _, _ in out):
+            out.append((name, verb, obj))
+    return out
+
+
+def _effort(rng: random.Random, thinking: bool) -> str | None:
+    return rng.choice(EFFORTS) if thinking else None
+
+
+def _call(name: str, args: dict[str, Any], k: int = 1) -> dict[str, Any]:
+    return {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int | None = None) -> Sample:
+    n = n_tools if n_tools is not None else 1
+    tools = _toolset(rng, held_out, n)
+    schemas = [make_schema(rng, rng.randint(1, 4)) for _ in tools]
+    pick = rng.randrange(n)
+    name, verb, obj = tools[pick]
+    _, values, mentions = schemas[pick]
+    decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
+    reasoning = f"The user wants to {verb} the {obj}. The tool {name} does that." if thinking else None
+    target = {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [_call(name, values)]}
+    return Sample("tool" if n == 1 else "choose", [{"role": "user", "content": _request(rng, verb, obj, mentions)}],
+                  target, {"tool": name, "arguments": values}, decl, thinking, _effort(rng, thinking))
+
+
+def make_choose(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
+    return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4))
+
+
+def make_decline(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
+    tools = _toolset(rng, held_out, rng.randint(2, 5))
+    ask_name, verb, obj = tools.pop()  # asked for, then removed from the offer: a hard negative
+    schemas = [make_schema(rng, rng.randint(1, 3)) for _ in tools]
+    _, _, mentions = make_schema(rng, rng.randint(1, 3))
+    decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
+    content = f"None of the available tools can {verb} the {obj}."
+    reasoning = f"The user wants to {verb} the {obj}. No tool does that." if thinking else None
+    target = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    return Sample("decline", [{"role": "user", "content": _request(rng, verb, obj, mentions)}], target,
+                  {"tool": None, "text": content}, decl, thinking, _effort(rng, thinking), meta={"asked": ask_name})
+
+
+def make_json(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
+    schema, values, mentions = make_schema(rng, rng.randint(2, 5))
+    name, _, obj = pools.tool_name(rng, held_out)
+    rf = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+    user = rng.choice((f"Give me the {obj} as JSON: {_mention_text(rng, mentions)}.",
+                       f"Return JSON for this {obj}. {_mention_text(rng, mentions)}."))
+    reasoning = f"I will fill {len(mentions)} fields from the message." if thinking else None
+    content = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+    target = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    return Sample("json", [{"role": "user", "content": user}], target, {"json": values}, None, thinking,
+                  _effort(rng, thinking), rf)
+
+
+def make_recall(rng: random.Random, held_out: bool, thinking: bool, records: int = 40) -> Sample:
+    """A list of ``records`` numbered lines (~13 tokens each); the asked one sits in the first quarter."""
+    labels = rng.sample(range(100, 1000), records)
+    lines = {lab: " ".join(rng.choice(pools.WORDS) for _ in range(8)) for lab in labels}
+    pick = labels[rng.randrange(max(1, records // 4))]
+    doc = "\n".join(f"Record {lab}: {lines[lab]}." for lab in labels)
+    user = f"Here are the records.\n{doc}\nCopy record {pick} exactly."
+    reasoning = f"I need record {pick}." if thinking else None
+    target = {"role": "assistant", "content": lines[pick], "reasoning_content": reasoning}
+    return Sample("recall", [{"role": "user", "content": user}], target, {"text": lines[pick]}, None, thinking,
+                  _effort(rng, thinking), meta={"records": records})
+
+
+def make_followup(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
+    name, verb, obj = pools.tool_name(rng, held_out)
+    schema, values, mentions = make_schema(rng, rng.randint(1, 3))
+    result_keys = rng.sample([k for k in pools.KEYS if k not in schema["properties"]], 3)
+    result = {k: _leaf(rng, k)[1] for k in result_keys}
+    ask = rng.choice(result_keys)
+    user = _request(rng, verb, obj, mentions)[:-1] + f", then tell me the {ask}."
+    call_reason = f"The user wants to {verb} the {obj}. The tool {name} does that." if thinking else None
+    messages = [{"role": "user", "content": user},
+                {"role": "assistant", "content": "", "reasoning_content": call_reason,
+                 "tool_calls": [_call(name, values)]},
+                {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(result, ensure_ascii=False)}]
+    answer = f"The {ask} is {json.dumps(result[ask], ensure_ascii=False)}."
+    reasoning = f"The tool returned the {ask}." if thinking else None
+    target = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
+    return Sample("followup", messages, target, {"tool": None, "text": answer},
+                  [_tool(name, verb, obj, schema)], thinking, _effort(rng, thinking))
+
+
+MAKERS = {"tool": make_tool, "choose": make_choose, "decline": make_decline, "json": make_json,
+          "recall": make_recall, "followup": make_followup}
+
+
+def make(kind: str, rng: random.Random, *, held_out: bool = False, thinking: bool | None = None,
+         **kwargs: Any) -> Sample:
+    if kind not in MAKERS:
+        raise ValueError(f"unknown task kind {kind!r}; known: {', '.join(KINDS)}")
+    if thinking is None:
+        thinking = rng.random() < 0.6
+    return MAKERS[kind](rng, held_out, thinking, **kwargs)
+
+
+def score(sample: Sample, content: str, tool_calls: list[dict[str, Any]]) -> bool:
+    """Did a parsed answer (content, OpenAI tool_calls) solve the task exactly?"""
+    exp = sample.expected
+    if "arguments" in exp:
+        if len(tool_calls) != 1 or tool_calls[0]["function"]["name"] != exp["tool"]:
+            return False
+        try:
+            return json.loads(tool_calls[0]["function"]["arguments"] or "{}") == exp["arguments"]
+        except json.JSONDecodeError:
+            return False
+    if "json" in exp:
+        try:
+            return not tool_calls and json.loads(content) == exp["json"]
+        except json.JSONDecodeError:
+            return False
+    if sample.kind == "decline":
+        return not tool_calls
+    return not tool_calls and content.strip() == exp["text"]

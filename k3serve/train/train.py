@@ -1,0 +1,276 @@
+"""Train the default K3 model from scratch on the synthetic tasks, then export it in the HF K3 layout.
+
+    python -m k3serve.train.train --out runs/k3-default --workers 2 --steps 900 --tokens-per-step 2048
+
+Plain PyTorch on CPU, data-parallel over ``workers`` processes (``parallel.py``; ``tokens_per_step`` is per
+process), deterministic for a given seed, worker count and thread count. Training uses a compact
+float-expert copy of ``k3-default.json`` (vocabulary = used ids, see ``vocab.py``; experts as float masters
+under MXFP4 fake-quant from ``qat_from`` on, see ``qat.py``). Export writes ``<out>/model`` (the shipped
+checkpoint: full vocabulary, MXFP4 experts, bf16) and ``<out>/bf16`` (same weights, experts in bf16, for
+the MXFP4-vs-bf16 agreement check; not shipped), plus ``used_ids.json`` and ``train_log.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from k3serve.core.config import ModelConfig
+from k3serve.layers.attn_res import AttnResWeights
+from k3serve.layers.moe import MoEGate
+from k3serve.layers.norm import GatedRMSNorm, KimiRMSNorm
+from k3serve.models.kimi import build_model, text_model
+from k3serve.models.registry import CONFIG_DIR
+from k3serve.models.writer import init_random_, save_checkpoint
+from k3serve.train import data, parallel
+from k3serve.train.forward import train_forward
+from k3serve.train.tok import load_tokenizer
+from k3serve.train.qat import enable_qat, expert_modules, master, pack_experts
+from k3serve.train.vocab import CompactVocab
+
+DEFAULT_CONFIG = CONFIG_DIR / "k3-default.json"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    out: Path
+    config: Path = DEFAULT_CONFIG
+    seed: int = 0
+    steps: int = 900
+    tokens_per_step: int = 4096
+    lr: float = 3e-3
+    warmup: int = 30
+    min_lr_frac: float = 0.1
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    qat_from: float = 0.6  # fraction of steps after which experts train under MXFP4 fake-quant
+    bias_update: float = 1e-3  # aux-loss-free balancing step for e_score_correction_bias
+    threads: int = 1  # per process
+    workers: int = 1  # data-parallel processes (one per core)
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "tokens_per_step", "threads", "workers", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if not 0.0 <= self.qat_from <= 1.0:
+            raise ValueError("qat_from must be in [0, 1]")
+
+
+def compact_config(full: ModelConfig, vocab: CompactVocab) -> ModelConfig:
+    cfg = dataclasses.replace(full, experts_mxfp4=False, vision=None, media_placeholder_token_id=None)
+    return cfg.replace_text(vocab_size=len(vocab), bos_token_id=None, eos_token_id=(), pad_token_id=None)
+
+
+EMBED_STD = 0.3
+
+
+@torch.no_grad()
+def init_for_training(model: nn.Module, seed: int) -> None:
+    """The writer's random init, with unit norms, uniform AttnRes mixing (zero pseudo-queries) and embedding
+    rows of std ``EMBED_STD``: with tied rows and a unit-RMS final norm (|h| ~ sqrt(d) = 8), a correct token
+    must reach a logit well above log(V - |U|) ~ 12 (the zero rows' mass), which 0.02-std rows take
+    tens of steps just to grow into."""
+    init_random_(model, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    emb = text_model(model).model.embed_tokens.weight
+    emb.copy_(torch.randn(emb.shape, generator=g) * EMBED_STD)
+    for name, m in model.named_modules():
+        if isinstance(m, (KimiRMSNorm, GatedRMSNorm, AttnResWeights)):
+            m.weight.fill_(1.0)
+        elif isinstance(m, MoEGate):
+            m.e_score_correction_bias.zero_()
+        elif name.endswith("res_proj"):
+            m.weight.zero_()
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+class LoadTracker:
+    """Counts routed tokens per expert for aux-loss-free balancing (bias += u · sign(mean - load))."""
+
+    def __init__(self, model: nn.Module):
+        self.gates = [m for m in model.modules() if isinstance(m, MoEGate)]
+        self.loads: dict[int, torch.Tensor] = {}
+        for i, g in enumerate(self.gates):
+            g.register_forward_hook(lambda mod, inp, out, i=i: self.loads.__setitem__(
+                i, torch.bincount(out[1].flatten(), minlength=mod.weight.shape[0]).float()))
+
+    @torch.no_grad()
+    def update(self, u: float, world: int = 1) -> None:
+        """Step every router bias against its expert loads, summed over ranks so all ranks agree."""
+        loads = [self.loads.get(i, torch.zeros(g.weight.shape[0])) for i, g in enumerate(self.gates)]
+        parallel.sum_(loads, world)
+        for g, load in zip(self.gates, loads):
+            g.e_score_correction_bias += u * torch.sign(load.mean() - load)
+        self.loads.clear()
+
+
+def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded]) -> tuple[torch.Tensor, int]:
+    """Mean loss over the answer tokens of the batch, and how many there were."""
+    seqs = [torch.tensor(vocab.to_compact(e.ids)) for e in batch]
+    hidden = train_forward(model, seqs)
+    pos, tgt, off = [], [], 0
+    for e, s in zip(batch, seqs):
+        pos.append(torch.arange(off + e.n_prompt - 1, off + len(e.ids) - 1))
+        tgt.append(s[e.n_prompt:])
+        off += len(e.ids)
+    logits = model.compute_logits(hidden[torch.cat(pos)])
+    target = torch.cat(tgt)
+    return vocab.loss(logits, target), target.numel()
+
+
+@torch.no_grad()
+def probe_losses(model: nn.Module, vocab: CompactVocab, probe: list[data.Encoded]) -> dict[str, float]:
+    """Loss on a fixed batch with the experts as float masters and as MXFP4: the measured cost of
+    quantising them (before QAT that is post-training quantisation; after it, what QAT left)."""
+    experts = expert_modules(model)
+    was_qat = parametrize.is_parametrized(experts[0], "w13")
+
+    def drop_qat() -> None:
+        for m in experts:
+            for name in ("w13", "w2"):
+                parametrize.remove_parametrizations(m, name, leave_parametrized=False)
+
+    if was_qat:
+        drop_qat()
+    float_loss = step_loss(model, vocab, probe)[0].item()
+    enable_qat(model)
+    mxfp4_loss = step_loss(model, vocab, probe)[0].item()
+    if not was_qat:
+        drop_qat()
+    return {"probe_loss_float": round(float_loss, 4), "probe_loss_mxfp4": round(mxfp4_loss, 4)}
+
+
+def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[nn.Module, CompactVocab, list[dict]]:
+    """Train on this rank's share of the batches (``tokens_per_step`` per rank and step)."""
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    full = ModelConfig.from_file(cfg.config)
+    vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1), full.text.vocab_size)
+    model = build_model(compact_config(full, vocab))
+    init_for_training(model, cfg.seed)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "gate.weight" not in n]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2 or "gate.weight" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    tracker = LoadTracker(model)
+    log: list[dict] = []
+    stats: dict[str, int] = {}
+    t0, toks, window = time.time(), 0, []
+    qat_step = int(cfg.qat_from * cfg.steps)
+    stream = data.batches(tokenizer, vocab, seed=cfg.seed + 2 + 1000 * rank, steps=cfg.steps,
+                          tokens_per_step=cfg.tokens_per_step, stats=stats)
+    probe = next(data.batches(tokenizer, vocab, seed=cfg.seed + 3, steps=1, tokens_per_step=cfg.tokens_per_step))
+    for step, batch in enumerate(stream):
+        if step == qat_step:
+            log.append({"step": step, "before_qat": probe_losses(model, vocab, probe)})
+            enable_qat(model)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        with parametrize.cached():
+            loss, _ = step_loss(model, vocab, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        parallel.average_grads(list(model.parameters()), world)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        opt.step()
+        tracker.update(cfg.bias_update, world)
+        toks += sum(len(e.ids) for e in batch) * world
+        window.append(loss.item())
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            entry = {"step": step + 1, "loss": sum(window) / len(window), "tokens": toks,
+                     "seconds": round(time.time() - t0, 1), "tok_per_s": round(toks / (time.time() - t0), 1),
+                     "qat": step >= qat_step, "skipped": stats.get("skipped", 0)}
+            window = []
+            log.append(entry)
+            if rank == 0:
+                print(json.dumps(entry), flush=True)
+    log.append({"step": cfg.steps, "final": probe_losses(model, vocab, probe)})
+    if rank == 0:
+        print(json.dumps(log[-1]), flush=True)
+    return model, vocab, log
+
+
+@torch.no_grad()
+def export(model: nn.Module, vocab: CompactVocab, config_path: Path, out: Path) -> tuple[Path, Path]:
+    """Write the shipped MXFP4 checkpoint and the bf16-experts twin; returns their directories."""
+    raw = json.loads(Path(config_path).read_text())
+    packed_cfg = ModelConfig.from_dict(raw)
+    bf16_cfg = ModelConfig.from_dict({k: v for k, v in raw.items() if k != "quantization_config"})
+    src = text_model(model)
+    dirs = []
+    for cfg, name in ((packed_cfg, "model"), (bf16_cfg, "bf16")):
+        dst = build_model(cfg)
+        init_for_training(dst, 0)  # every tensor is overwritten below; this only makes buffers defined
+        tm = text_model(dst)
+        tm.model.embed_tokens.weight.copy_(vocab.expand_rows(src.model.embed_tokens.weight))
+        if not cfg.text.tie_word_embeddings:
+            tm.lm_head.weight.copy_(vocab.expand_rows(src.lm_head.weight))
+        skip = ("embed_tokens", "lm_head", ".experts.")
+        own = dict(tm.named_parameters())
+        for n, p in src.named_parameters():
+            if not any(s in n for s in skip):
+                own[n].copy_(p)
+        if cfg.experts_mxfp4:
+            pack_experts(model, dst)
+        else:
+            for s, d in zip(expert_modules(model), expert_modules(dst)):
+                d.w13.copy_(master(s, "w13"))
+                d.w2.copy_(master(s, "w2"))
+        dirs.append(save_checkpoint(dst, cfg, out / name, dtype=torch.bfloat16))
+    return dirs[0], dirs[1]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, logs)")
+    for f in dataclasses.fields(TrainConfig):
+        if f.name != "out":
+            p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default) if f.name != "config" else Path,
+                           default=f.default)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    cfg = TrainConfig(**vars(p.parse_args(argv)))
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    rendezvous = cfg.out / ".rendezvous"
+    rendezvous.unlink(missing_ok=True)
+    parallel.launch(_worker, cfg.workers, cfg)
+    return 0
+
+
+def _worker(rank: int, world: int, cfg: TrainConfig) -> None:
+    parallel.init(rank, world, cfg.out / ".rendezvous")
+    try:
+        model, vocab, log = train(cfg, load_tokenizer(), rank, world)
+    finally:
+        parallel.finish(world)
+    if rank == 0:
+        model_dir, bf16_dir = export(model, vocab, cfg.config, cfg.out)
+        (cfg.out / "used_ids.json").write_text(json.dumps(vocab.ids))
+        meta = {"config": {k: str(v) for k, v in dataclasses.asdict(cfg).items()}, "used_ids": len(vocab),
+                "log": log}
+        (cfg.out / "train_log.json").write_text(json.dumps(meta, indent=1))
+        print(f"wrote {model_dir} and {bf16_dir}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

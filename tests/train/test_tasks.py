@@ -1,0 +1,71 @@
+"""Generated tasks render in the K3 format, round-trip through the server's parser, and score strictly."""
+
+import json
+import random
+
+import pytest
+
+from k3serve.train import pools, tasks
+from k3serve.train.render import STOP_ID, encode_sample, parse_output, prompt_ids
+from k3serve.train.tok import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+@pytest.mark.parametrize("kind", tasks.KINDS)
+@pytest.mark.parametrize("thinking", [False, True])
+def test_target_round_trips_and_scores(tok, kind, thinking):
+    rng = random.Random(hash((kind, thinking)) % 1000)
+    for _ in range(5):
+        s = tasks.make(kind, rng, thinking=thinking)
+        ids, n = encode_sample(s, tok)
+        assert ids[:n] == [int(i) for i in prompt_ids(s, tok)]
+        assert ids[-1] == STOP_ID and STOP_ID not in ids[n:-1]
+        content, calls = parse_output(s, tok.decode(ids[n:]))
+        assert tasks.score(s, content, calls)
+
+
+def test_wrong_answers_fail():
+    s = tasks.make("choose", random.Random(3), thinking=False)
+    call = s.target["tool_calls"][0]
+    args = json.loads(call["function"]["arguments"])
+    key = next(iter(args))
+    bad = dict(args, **{key: "something else"})
+    wrong_args = [{**call, "function": {"name": call["function"]["name"], "arguments": json.dumps(bad)}}]
+    other = next(t["function"]["name"] for t in s.tools if t["function"]["name"] != s.expected["tool"])
+    wrong_tool = [{**call, "function": {"name": other, "arguments": call["function"]["arguments"]}}]
+    assert tasks.score(s, "", [call])
+    assert not tasks.score(s, "", wrong_args)
+    assert not tasks.score(s, "", wrong_tool)
+    assert not tasks.score(s, "", [call, call])
+    assert not tasks.score(s, "I will not.", [])
+    d = tasks.make("decline", random.Random(4))
+    assert tasks.score(d, "anything", []) and not tasks.score(d, "", [call])
+    j = tasks.make("json", random.Random(5))
+    assert not tasks.score(j, j.target["content"][:-1], [])
+
+
+def test_split_and_determinism(tok):
+    rng = random.Random(7)
+    for _ in range(200):
+        s = tasks.make(random.choice(["tool", "choose", "decline", "followup"]), rng)
+        assert not any(pools.is_held_out(t["function"]["name"]) for t in s.tools)
+    h = tasks.make("choose", random.Random(8), held_out=True)
+    assert all(pools.is_held_out(t["function"]["name"]) for t in h.tools)
+    a = encode_sample(tasks.make("recall", random.Random(9), records=150), tok)
+    b = encode_sample(tasks.make("recall", random.Random(9), records=150), tok)
+    assert a == b and len(a[0]) >= 2000
+
+
+def test_recall_target_is_far_back():
+    s = tasks.make("recall", random.Random(11), records=100)
+    doc = s.messages[0]["content"]
+    assert doc.index(s.expected["text"]) < len(doc) // 4 + 200
+
+
+def test_unknown_kind():
+    with pytest.raises(ValueError, match="unknown task kind"):
+        tasks.make("poetry", random.Random(0))

@@ -1,0 +1,110 @@
+"""A few training steps learn, and the export loads with the normal loader and computes the same function."""
+
+import random
+
+import pytest
+import torch
+
+from k3serve.core.config import ModelConfig
+from k3serve.models.generate import SimpleRunner
+from k3serve.models.kimi import build_model
+from k3serve.models.loader import load_model
+from k3serve.train import tasks
+from k3serve.train.data import Encoded
+from k3serve.train.qat import enable_qat
+from k3serve.train.render import encode_sample
+from k3serve.train.tok import load_tokenizer
+from k3serve.train.train import DEFAULT_CONFIG, TrainConfig, compact_config, export, init_for_training, step_loss
+from k3serve.train.vocab import CompactVocab
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = load_tokenizer()
+    rng = random.Random(0)
+    batch = []
+    for kind in ("tool", "json"):
+        s = tasks.make(kind, rng, thinking=False)
+        ids, n = encode_sample(s, tok)
+        batch.append(Encoded(kind, ids, n))
+    full = ModelConfig.from_file(DEFAULT_CONFIG)
+    vocab = CompactVocab({i for e in batch for i in e.ids}, full.text.vocab_size)
+    torch.manual_seed(0)
+    model = build_model(compact_config(full, vocab))
+    init_for_training(model, 0)
+    return model, vocab, batch
+
+
+def test_loss_falls_on_a_repeated_batch(setup):
+    model, vocab, batch = setup
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(8):
+        if step == 4:
+            enable_qat(model)  # QAT switches on mid-run, as in train()
+        loss, n = step_loss(model, vocab, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert n == sum(len(e.ids) - e.n_prompt for e in batch)
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_probe_measures_quantisation_and_keeps_the_qat_state(setup):
+    from torch.nn.utils import parametrize
+
+    from k3serve.train.qat import expert_modules
+    from k3serve.train.train import probe_losses
+
+    model, vocab, batch = setup
+    enable_qat(model)
+    out = probe_losses(model, vocab, batch)
+    assert set(out) == {"probe_loss_float", "probe_loss_mxfp4"}
+    assert out["probe_loss_float"] != out["probe_loss_mxfp4"]  # float masters are off the MXFP4 grid
+    assert parametrize.is_parametrized(expert_modules(model)[0], "w13")
+
+
+def test_export_loads_and_matches(setup, tmp_path):
+    model, vocab, batch = setup
+    enable_qat(model)
+    with torch.no_grad():  # bf16-exact masters, so the bf16 export is lossless
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    model_dir, bf16_dir = export(model, vocab, DEFAULT_CONFIG, tmp_path)
+    loaded, cfg = load_model(model_dir, progress=False)
+    assert cfg.experts_mxfp4 and cfg.text.vocab_size == 163840
+    ids = batch[0].ids[:60]
+    with torch.no_grad():
+        from k3serve.train.forward import train_forward
+
+        want = model.compute_logits(train_forward(model, [torch.tensor(vocab.to_compact(ids))]))[-1]
+    got = SimpleRunner(loaded, max_seqs=1, max_len=64).step({0: ids})[0]
+    used = torch.tensor(vocab.ids)
+    assert torch.allclose(got[used], want, atol=2e-3, rtol=1e-3)
+    rest = torch.ones(163840, dtype=torch.bool)
+    rest[used] = False
+    assert torch.all(got[rest] == 0)
+    twin, twin_cfg = load_model(bf16_dir, progress=False)
+    assert not twin_cfg.experts_mxfp4
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="steps"):
+        TrainConfig(out=".", steps=0)
+
+
+def test_batches_are_deterministic_and_follow_the_curriculum():
+    from k3serve.train import data
+
+    tok = load_tokenizer()
+    vocab = CompactVocab(data.inventory(tok, seed=1, per_kind=30), 163840)
+
+    def run():
+        return [[(e.kind, tuple(e.ids)) for e in b]
+                for b in data.batches(tok, vocab, seed=2, steps=4, tokens_per_step=1500)]
+
+    a = run()
+    assert a == run() and len(a) == 4
+    assert all(sum(len(ids) for _, ids in b) <= 1500 or len(b) == 1 for b in a)
+    assert data.recall_range(0.0) == (8, 40) and data.recall_range(0.95)[0] >= 110
