@@ -11,14 +11,15 @@ import time
 
 import torch
 
-DEFAULT_MODEL = "k3-tiny-random"
+# Until the trained default model lands: a random tiny K3 whose vocabulary holds the Kimi chat tokens.
+DEFAULT_MODEL = "k3-tiny-fullvocab-random"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                         help=f"checkpoint directory or built-in name (default: {DEFAULT_MODEL}; also "
-                             "k3-tiny-grouped-random, kimi-linear-tiny-random)")
+                             "k3-tiny-random, k3-tiny-grouped-random, kimi-linear-tiny-random)")
     parser.add_argument("--prompt-ids", default="1,2,3,4,5,6,7,8",
                         help="comma-separated prompt token ids (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens to generate (default: %(default)s)")

@@ -1,19 +1,109 @@
-"""``k3serve serve``: until the OpenAI-compatible server lands (the server issue), this runs the offline
-generation demo on the given model (default: the package's default model) and says so."""
+"""``k3serve serve [MODEL]``: the OpenAI- and Anthropic-compatible HTTP server (vLLM-like flags).
+
+Two processes: this one runs the HTTP server (validation, chat rendering, tokenization,
+detokenization, output parsing); the engine core runs in a child process and the two talk typed
+messages over ZMQ. Parallelism flags the planner prints are accepted and must be 1 for now.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from k3serve.entrypoints import generate_cli
+from k3serve.entrypoints.generate_cli import DEFAULT_MODEL
+
+_UNSUPPORTED_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "nnodes")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    generate_cli.add_arguments(parser)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                   help="checkpoint directory or built-in model name")
+    g = p.add_argument_group("HTTP")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind")
+    g.add_argument("--port", type=int, default=8000, help="port to bind")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (or x-api-key) on /v1 and tokenizer routes")
+    g.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) clients use in 'model' (default: the MODEL argument)")
+    g.add_argument("--api-contract", choices=["kimi", "openai"], default=None,
+                   help="request contract: 'kimi' follows Moonshot's K3 API as Kimi Vendor Verifier checks it "
+                        "(fixed sampling parameters), 'openai' accepts the full OpenAI parameter space "
+                        "(default: kimi for K3 models, openai otherwise)")
+    g.add_argument("--chat-format", default=None,
+                   help="override the chat format picked from the model's model_type "
+                        "(kimi_k3, kimi_k25, kimi_k2, kimi_k2_thinking)")
+    g.add_argument("--max-queued-requests", type=int, default=1024,
+                   help="requests held at once; beyond it requests get 429 with Retry-After")
+    g.add_argument("--allowed-media-domains", nargs="*", default=[],
+                   help="hosts whose http(s) image URLs may be fetched (data: URLs are always accepted)")
+    g.add_argument("--limit-images", type=int, default=8, help="images per request")
+    g.add_argument("--max-image-bytes", type=int, default=20 << 20, help="bytes per image")
+    g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    e = p.add_argument_group("engine")
+    e.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    e.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once")
+    e.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one engine step")
+    e.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="fraction of device memory for the KV/state caches (default: 256 MiB on CPU)")
+    e.add_argument("--kv-cache-dtype", choices=["bf16", "fp8"], default="bf16",
+                   help="KV cache precision (fp8 is not supported yet)")
+    e.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="compute dtype")
+    e.add_argument("--device", default="cpu", help="torch device of the engine")
+    e.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="disable prefix caching")
+    e.add_argument("--seed", type=int, default=0, help="engine random seed")
+    par = p.add_argument_group("parallelism (single device only for now)")
+    par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    par.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    par.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    par.add_argument("--enable-expert-parallel", action="store_true")
+    par.add_argument("--nnodes", type=int, default=1)
+    par.add_argument("--node-rank", type=int, default=0)
+    par.add_argument("--master-addr", default=None)
+
+
+def server_config(args: argparse.Namespace):
+    from k3serve.server.media import MediaLimits
+    from k3serve.server.state import ServerConfig
+
+    for name in _UNSUPPORTED_PARALLEL:
+        if getattr(args, name) != 1:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: not supported yet "
+                             "(this server runs one engine on one device)")
+    if args.enable_expert_parallel:
+        raise ValueError("--enable-expert-parallel: not supported yet (this server runs one engine on one device)")
+    if args.node_rank != 0 or args.master_addr is not None:
+        raise ValueError("--node-rank/--master-addr: multi-node serving is not supported yet")
+    if args.kv_cache_dtype == "fp8":
+        raise ValueError("--kv-cache-dtype fp8: not supported yet")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.limit_images < 0 or args.max_image_bytes < 1:
+        raise ValueError("--limit-images must be >= 0 and --max-image-bytes >= 1")
+    if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    from k3serve.models.registry import resolve_model_path
+
+    path = str(resolve_model_path(args.model))
+    engine = {"dtype": args.dtype, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+              "max_num_batched_tokens": args.max_num_batched_tokens, "enable_prefix_caching": args.prefix_caching,
+              "device": args.device, "seed": args.seed}
+    if args.gpu_memory_utilization is not None:
+        engine["kv_cache_memory"] = args.gpu_memory_utilization
+    return ServerConfig(model=path, served_model_names=tuple(args.served_model_name or (args.model,)),
+                        api_key=args.api_key, api_contract=args.api_contract, chat_format=args.chat_format,
+                        max_queued_requests=args.max_queued_requests, engine=engine,
+                        media=MediaLimits(max_images=args.limit_images, max_image_bytes=args.max_image_bytes,
+                                          allowed_domains=tuple(d.lower() for d in args.allowed_media_domains)))
 
 
 def run(args: argparse.Namespace) -> int:
-    print("k3serve serve: the HTTP server is not built yet; running an offline generation demo instead.",
-          file=sys.stderr)
-    return generate_cli.run(args)
+    import uvicorn
+
+    from k3serve.server.app import build_app
+
+    config = server_config(args)
+    print(f"k3serve: serving {config.names[0]} ({config.model}) on http://{args.host}:{args.port}", flush=True)
+    uvicorn.run(build_app(config), host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=5)
+    return 0

@@ -17,6 +17,8 @@ RANDOM_MODELS = {
     "k3-tiny-random": "k3-tiny.json",
     "k3-tiny-grouped-random": "k3-tiny-grouped.json",
     "kimi-linear-tiny-random": "kimi-linear-tiny.json",
+    # k3-tiny with the full Kimi vocabulary, so real chat prompts (special ids >= 163584) fit
+    "k3-tiny-fullvocab-random": "k3-tiny-fullvocab.json",
 }
 PACKAGED_CONFIGS = {"kimi-k3": "kimi-k3.json", "kimi-linear-48b": "kimi-linear-48b.json"}
 

@@ -252,7 +252,7 @@ def render(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, A
             w.open("message", ("role", "tool"), ("tool", tool), ("index", tool_k))
             w.content(m.get("content"), at)
             w.end_message()
-    if options.tool_choice in _TOOL_CHOICE:
+    if isinstance(options.tool_choice, str) and options.tool_choice in _TOOL_CHOICE:
         w.system_block("tool-choice", _TOOL_CHOICE[options.tool_choice])
     if options.response_format_type == "json_object":
         w.system_block("response-format", _JSON_OBJECT)

@@ -1,0 +1,150 @@
+"""Server overhead: output-token throughput through `k3serve serve` vs the offline engine on the same
+workload, and the throughput cost of json_schema structured outputs.
+
+    python benchmarks/server_overhead.py [--requests 32] [--max-tokens 32] [--prompt-len 64]
+
+Workload A (overhead): N requests of the same token-id prompt, greedy, `ignore_eos`, fixed output
+length; offline `LLM.generate` vs concurrent `/v1/completions` calls (token-id prompts, so both sides
+feed the engine identical ids). Target: server / offline >= 0.9.
+Workload B (structured outputs): N chat requests with a json_schema response_format vs the same
+chat requests unconstrained; compared as output tokens per second. Target: cost <= 10%.
+The model is the packaged `k3-tiny-fullvocab` config with random weights (full Kimi vocabulary, so
+grammars and chat prompts are real).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+SCHEMA = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 8},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    "where": {"type": "object", "properties": {"lat": {"type": "integer"}, "ok": {"type": "boolean"}},
+              "required": ["lat", "ok"], "additionalProperties": False},
+    "tags": {"type": "array", "items": {"enum": ["x", "y", "z"]}, "maxItems": 3}},
+    "required": ["city", "days", "where", "tags"], "additionalProperties": False}
+
+
+def offline_runner(ckpt: str, max_num_seqs: int):
+    from k3serve.engine.llm import LLM
+    from k3serve.engine.sampling_params import SamplingParams
+
+    llm = LLM(ckpt, tokenizer=None, max_num_seqs=max_num_seqs)
+
+    def run(n: int, prompt: list[int], max_tokens: int) -> float:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0)
+        t0 = time.perf_counter()
+        outs = llm.generate([prompt] * n, params)
+        return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
+
+    return run
+
+
+def start_server(ckpt: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "k3serve", "serve", ckpt, "--port", str(port),
+                             "--served-model-name", "tiny", "--api-contract", "openai",
+                             "--max-num-seqs", str(max_num_seqs)], stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("server did not start")
+
+
+async def fire(url: str, path: str, bodies: list[dict]) -> tuple[int, float]:
+    async with httpx.AsyncClient(timeout=3600, limits=httpx.Limits(max_connections=len(bodies) + 4)) as c:
+        t0 = time.perf_counter()
+        rs = await asyncio.gather(*(c.post(url + path, json=b) for b in bodies))
+        dt = time.perf_counter() - t0
+    for r in rs:
+        r.raise_for_status()
+    return sum(r.json()["usage"]["completion_tokens"] for r in rs), dt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--json-max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    from k3serve.testing import write_random_checkpoint
+
+    tmp = None if os.environ.get("K3SERVE_BENCH_CKPT") else tempfile.TemporaryDirectory(prefix="k3-bench-")
+    ckpt = os.environ.get("K3SERVE_BENCH_CKPT") or str(write_random_checkpoint("k3-tiny-fullvocab", tmp.name, seed=0))
+    try:
+        return _run(args, ckpt)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _run(args: argparse.Namespace, ckpt: str) -> int:
+    prompt = [(7 * i + 11) % 150000 for i in range(args.prompt_len)]
+    n, m = args.requests, args.max_tokens
+
+    run_offline = offline_runner(ckpt, args.max_num_seqs)
+    run_offline(1, prompt, m)  # warm-up
+    proc, url = start_server(ckpt, args.max_num_seqs)
+    offs, srvs, jts, pts = [], [], [], []
+    try:
+        base = {"model": "tiny", "max_tokens": m, "temperature": 0, "ignore_eos": True}
+        asyncio.run(fire(url, "/v1/completions", [{**base, "prompt": prompt}]))  # warm-up
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "Weather in Paris as JSON?"}],
+                "thinking": {"type": "disabled"}, "temperature": 1.0, "max_tokens": args.json_max_tokens}
+        rf = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}
+        asyncio.run(fire(url, "/v1/chat/completions", [{**chat, "response_format": rf}]))  # warm-up (grammar)
+        # rounds alternate the two sides so a shared, busy machine slows both alike; medians are reported
+        for r in range(args.rounds):
+            offs.append(run_offline(n, prompt, m))
+            tok, dt = asyncio.run(fire(url, "/v1/completions", [{**base, "prompt": prompt}] * n))
+            srvs.append(tok / dt)
+            jt, jdt = asyncio.run(fire(url, "/v1/chat/completions",
+                                       [{**chat, "response_format": rf, "seed": r * n + i} for i in range(n)]))
+            per_req = max(1, round(jt / n))
+            pt, pdt = asyncio.run(fire(url, "/v1/chat/completions",
+                                       [{**chat, "max_tokens": per_req, "ignore_eos": True, "seed": r * n + i}
+                                        for i in range(n)]))
+            jts.append(jt / jdt)
+            pts.append(pt / pdt)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    off, srv = statistics.median(offs), statistics.median(srvs)
+    ratio = statistics.median(s / o for s, o in zip(srvs, offs))
+    json_tps, plain_tps = statistics.median(jts), statistics.median(pts)
+    cost = statistics.median(1 - j / p for j, p in zip(jts, pts))
+    print(f"workload A: {n} requests x {m} tokens, prompt {args.prompt_len} ids, max_num_seqs {args.max_num_seqs}, "
+          f"{args.rounds} rounds (medians)")
+    print(f"  offline engine : {off:8.1f} tok/s   rounds {[round(x) for x in offs]}")
+    print(f"  through server : {srv:8.1f} tok/s   rounds {[round(x) for x in srvs]}")
+    print(f"  ratio          : {ratio:.3f} (target >= 0.9)")
+    print(f"workload B: {n} chat requests, json_schema vs unconstrained with the same tokens per request")
+    print(f"  unconstrained  : {plain_tps:8.1f} tok/s   rounds {[round(x, 1) for x in pts]}")
+    print(f"  json_schema    : {json_tps:8.1f} tok/s   rounds {[round(x, 1) for x in jts]}")
+    print(f"  cost           : {100 * cost:.1f}% (target <= 10%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""A chat request turned into engine work: render with the model's chat format, encode per
+segment, expand image placeholders, pick sampling and (for forced tool calls / response_format)
+the grammar. Every bad input raises ValueError (HTTP 400, or 413 beyond the context)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from k3serve.server.chat import ChatOptions, Prompt
+from k3serve.server.chat.images import K3_PATCH_LIMIT, K25_PATCH_LIMIT, vision_tokens
+from k3serve.server.grammars import check_grammar, json_grammar, tool_call_grammar
+from k3serve.server.media import expand_media_pads, load_images
+from k3serve.server.messages import Sampling
+from k3serve.server.protocol import ChatCompletionRequest
+from k3serve.server.state import ServerState
+
+
+@dataclass
+class ChatJob:
+    prompt: Prompt
+    prompt_ids: list[int]
+    usage_prompt_tokens: int  # kimi contract: without the generation-channel stub (§3.3)
+    sampling: Sampling
+    n: int
+    stop: tuple[str, ...]
+    tools: list[dict[str, Any]]
+    grammar: str | None
+    logit_bias: dict[int, float]
+    top_logprobs: int | None
+    include_usage: bool
+
+
+def all_tools(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    tools = list(req.tools) if isinstance(req.tools, list) else []
+    for m in req.messages:
+        if isinstance(m, Mapping) and m.get("role") == "system" and isinstance(m.get("tools"), list):
+            tools += m["tools"]
+    return [t for t in tools if isinstance(t, Mapping)]
+
+
+def _grammar(state: ServerState, req: ChatCompletionRequest, prompt: Prompt, options: ChatOptions,
+             tools: list[dict[str, Any]]) -> str | None:
+    choice = options.tool_choice
+    fmt = state.fmt
+    if choice == "required" or isinstance(choice, Mapping):
+        name = choice["function"]["name"] if isinstance(choice, Mapping) else None
+        return tool_call_grammar(fmt, prompt, tools, name)
+    kind = options.response_format_type
+    if kind == "text" or (tools and choice != "none"):
+        return None  # a free choice between a tool call and an answer stays unconstrained
+    if kind == "json_object":
+        return json_grammar(fmt, prompt, None)
+    js = options.response_format["json_schema"]
+    return json_grammar(fmt, prompt, options.response_schema, strict=js.get("strict") is not False)
+
+
+def _renderable(fmt, options: ChatOptions, req: ChatCompletionRequest) -> ChatOptions:
+    """K3 renders nothing for a named tool_choice (the grammar forces the call): check here that it names a
+    declared tool and that thinking is off, then render as `auto`."""
+    if not fmt.is_k3 or not isinstance(options.tool_choice, Mapping):
+        return options
+    name = options.tool_choice["function"]["name"]
+    if name not in {t["function"].get("name") for t in all_tools(req) if isinstance(t.get("function"), Mapping)}:
+        raise ValueError(f"tool_choice names {name!r}, which is not a declared tool")
+    if options.thinking:
+        raise ValueError("tool_choice naming a function is not supported with thinking enabled")
+    return replace(options, tool_choice="auto")
+
+
+async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
+    fmt, tok = state.fmt, state.tokenizer
+    default_thinking = fmt.is_k3 or (fmt.k2_style is not None and fmt.k2_style.think != "none")
+    thinking, effort = req.thinking_mode(default_thinking)
+    if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
+        raise ValueError("parallel_tool_calls: must be a boolean")
+    include_usage = req.check_stream_options()
+    stop = req.stop_strings()
+    images = await load_images(req.messages, state.config.media)
+    tool_choice = req.tool_choice
+    if tool_choice is None and req.tools is not None and not isinstance(req.tools, list):
+        raise ValueError("tools: must be an array")
+    options = ChatOptions(thinking=thinking, effort=effort, tool_choice=tool_choice,
+                          response_format=req.response_format, image_sizes=tuple(im.size for im in images))
+    if isinstance(req.tools, list) and not req.tools and tool_choice == "required":
+        raise ValueError("tool_choice: 'required' needs at least one tool")
+    prompt = fmt.render(req.messages, req.tools if req.tools else None, _renderable(fmt, options, req))
+    ids = [int(t) for t in tok.encode_segments(prompt.token_segments())]
+    limit = K3_PATCH_LIMIT if fmt.is_k3 else K25_PATCH_LIMIT
+    ids = expand_media_pads(ids, [vision_tokens(w, h, limit) for w, h in options.image_sizes])
+    state.check_ids(ids)
+    stub = prompt.stub_ids(tok.encode_segments) if state.contract == "kimi" else 0
+    tools = all_tools(req)
+    grammar = _grammar(state, req, prompt, options, tools)
+    if grammar is not None:
+        check_grammar(grammar)
+    sampling = req.to_sampling_params(state.contract, thinking=thinking, prompt_len=len(ids),
+                                      max_model_len=state.max_model_len)
+    return ChatJob(prompt=prompt, prompt_ids=ids, usage_prompt_tokens=len(ids) - stub, sampling=sampling,
+                   n=req.n or 1, stop=stop, tools=tools, grammar=grammar,
+                   logit_bias=req.logit_bias_ids(state.contract), top_logprobs=req.logprob_count(),
+                   include_usage=include_usage)

@@ -1,0 +1,200 @@
+"""The server side of the process boundary: spawns the engine-core process, talks to it over ZMQ
+(typed messages only) and routes its outputs to one asyncio queue per request.
+
+An engine process that dies or reports a fatal error is noticed within half a second: every
+in-flight request fails with `EngineDead` (HTTP 503) and `/health` turns 503; nothing hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from k3serve.server.engine_core import CoreSpec
+from k3serve.server.messages import (
+    AbortRequest,
+    AddRequest,
+    Fatal,
+    Output,
+    Outputs,
+    Ready,
+    Sampling,
+    Shutdown,
+    Stats,
+    encode,
+    from_engine_decoder,
+)
+
+
+class EngineDead(Exception):
+    """The engine process is gone (or never started); the request cannot be served."""
+
+
+class EngineBusy(Exception):
+    """Too many requests are queued; the client should retry later."""
+
+
+class EngineClient:
+    def __init__(self, spec_kwargs: dict, *, max_queued_requests: int = 1024, startup_timeout_s: float = 300.0):
+        self._spec_kwargs = spec_kwargs
+        self.max_queued_requests = max_queued_requests
+        self.startup_timeout_s = startup_timeout_s
+        self.ready: Ready | None = None
+        self.stats = Stats()
+        self.dead_reason: str | None = None
+        self._streams: dict[str, asyncio.Queue[Output | Exception]] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._proc: subprocess.Popen | None = None
+        self._ctx = zmq.asyncio.Context()
+        self._dir = tempfile.mkdtemp(prefix="k3serve-")
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._pull = self._ctx.socket(zmq.PULL)
+        self.last_heard = 0.0
+        self._aborts: list[str] = []
+        self._abort_wake = asyncio.Event()
+
+    # lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self) -> Ready:
+        in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
+        self._push.bind(in_addr)
+        self._pull.bind(out_addr)
+        spec = CoreSpec(input_addr=in_addr, output_addr=out_addr, **self._spec_kwargs)
+        self._proc = subprocess.Popen([sys.executable, "-m", "k3serve.server.engine_core",
+                                       msgspec.json.encode(spec).decode()], stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while self.ready is None:
+            if self._proc.poll() is not None:
+                raise EngineDead(f"the engine process exited with code {self._proc.returncode} while starting")
+            if time.monotonic() > deadline:
+                raise EngineDead(f"the engine did not start within {self.startup_timeout_s:.0f}s")
+            if await self._pull.poll(200):
+                msg = from_engine_decoder.decode(await self._pull.recv())
+                if isinstance(msg, Fatal):
+                    raise EngineDead(f"the engine failed to start: {msg.message}")
+                if isinstance(msg, Ready):
+                    self.ready, self.stats = msg, msg.stats
+        self.last_heard = time.monotonic()
+        self._tasks = [asyncio.create_task(c) for c in (self._read(), self._watch(), self._flush_aborts())]
+        return self.ready
+
+    async def shutdown(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self._proc is not None and self._proc.poll() is None:
+            # never block here: a PUSH socket whose peer is already gone would wait forever
+            with contextlib.suppress(zmq.ZMQError):
+                zmq.Socket.shadow(self._push.underlying).send(encode(Shutdown()), flags=zmq.NOBLOCK)
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self._proc.wait), 10)
+            except TimeoutError:
+                self._proc.kill()
+                self._proc.wait()
+        self._mark_dead("the server is shutting down")
+        self._ctx.destroy(linger=0)
+        for name in ("in", "out"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self._dir, name))
+        with contextlib.suppress(OSError):
+            os.rmdir(self._dir)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.ready is not None and self.dead_reason is None
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def _mark_dead(self, reason: str) -> None:
+        if self.dead_reason is None:
+            self.dead_reason = reason
+        for q in self._streams.values():
+            q.put_nowait(EngineDead(self.dead_reason))
+        self._streams.clear()
+
+    async def _read(self) -> None:
+        while True:
+            msg = from_engine_decoder.decode(await self._pull.recv())
+            self.last_heard = time.monotonic()
+            if isinstance(msg, Outputs):
+                self.stats = msg.stats
+                for out in msg.items:
+                    q = self._streams.get(out.request_id)
+                    if q is not None:
+                        q.put_nowait(out)
+                        if out.finished:
+                            del self._streams[out.request_id]
+            elif isinstance(msg, Fatal):
+                self._mark_dead(f"engine error: {msg.message}")
+
+    async def _watch(self) -> None:
+        while self.dead_reason is None:
+            await asyncio.sleep(0.5)
+            if self._proc is not None and self._proc.poll() is not None:
+                self._mark_dead(f"the engine process exited (code {self._proc.returncode})")
+
+    # requests -----------------------------------------------------------------------------------
+
+    def check_admission(self, n: int = 1) -> None:
+        if not self.alive:
+            raise EngineDead(self.dead_reason or "the engine is not ready")
+        if len(self._streams) + n > self.max_queued_requests:
+            raise EngineBusy(f"the server already holds {len(self._streams)} requests "
+                             f"(--max-queued-requests {self.max_queued_requests})")
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: Sampling, *,
+                       grammar: str | None = None, logit_bias: dict[int, float] | None = None
+                       ) -> AsyncIterator[Output]:
+        """Yield the request's step outputs until it finishes; leaving early aborts it in the engine.
+        Raises EngineDead, or ValueError when the engine refuses the request."""
+        self.check_admission()
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        q: asyncio.Queue[Output | Exception] = asyncio.Queue()
+        self._streams[request_id] = q
+        finished = False
+        try:
+            await self._push.send(encode(AddRequest(request_id, list(prompt_token_ids), sampling, grammar,
+                                                    dict(logit_bias or {}))))
+            while not finished:
+                item = await q.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.finished
+                if item.error is not None:
+                    raise ValueError(item.error)
+                yield item
+        finally:
+            if not finished:
+                self._streams.pop(request_id, None)
+                self.abort_soon(request_id)
+
+    def abort_soon(self, request_id: str) -> None:
+        """Queue an abort without awaiting (safe inside a cancelled task); a task batches them."""
+        if self.alive:
+            self._aborts.append(request_id)
+            self._abort_wake.set()
+
+    async def _flush_aborts(self) -> None:
+        while True:
+            await self._abort_wake.wait()
+            self._abort_wake.clear()
+            ids, self._aborts = self._aborts, []
+            if ids:
+                await self._push.send(encode(AbortRequest(ids)))

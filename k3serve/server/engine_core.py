@@ -1,0 +1,188 @@
+"""The engine-core process: `LLMEngine` behind two ZMQ sockets, typed messages only.
+
+    python -m k3serve.server.engine_core '<CoreSpec as JSON>'
+
+It PULLs `AddRequest` / `AbortRequest` / `Shutdown` from the server and PUSHes `Ready` once,
+then `Outputs` after every step (and a heartbeat `Outputs` with stats each second when idle).
+It exits when told to, and by itself when its parent (the server) is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+import msgspec
+import zmq
+
+from k3serve.server.messages import (
+    AbortRequest,
+    AddRequest,
+    Fatal,
+    Output,
+    Outputs,
+    Ready,
+    Shutdown,
+    Stats,
+    encode,
+    to_engine_decoder,
+)
+
+log = logging.getLogger("k3serve.engine")
+HEARTBEAT_S = 1.0
+
+
+class CoreSpec(msgspec.Struct, frozen=True):
+    model: str
+    input_addr: str
+    output_addr: str
+    dtype: str = "float32"
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    kv_cache_memory: float = 256 * 2**20
+    enable_prefix_caching: bool = True
+    device: str = "cpu"
+    seed: int = 0
+
+
+def _stats(engine) -> Stats:
+    s = engine.stats()
+    return Stats(num_running=s.num_running, num_waiting=s.num_waiting, num_blocks=s.num_blocks,
+                 num_blocks_used=s.num_blocks_used, num_blocks_cached=s.num_blocks_cached,
+                 num_snapshot_slots=s.num_snapshot_slots, num_snapshots=s.num_snapshots,
+                 num_admitted_tokens=s.num_admitted_tokens, num_prefix_hit_tokens=s.num_prefix_hit_tokens,
+                 num_computed_tokens=s.num_computed_tokens, num_generated_tokens=s.num_generated_tokens,
+                 num_preemptions=s.num_preemptions, num_steps=s.num_steps,
+                 num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running)
+
+
+class EngineCore:
+    def __init__(self, spec: CoreSpec):
+        import torch
+
+        from k3serve.engine.config import EngineConfig
+        from k3serve.engine.engine import LLMEngine
+        from k3serve.engine.llm import parse_dtype
+        from k3serve.server.grammars import MIN_VOCAB
+        from k3serve.server.guided import GuidedDecoding, GuidedModelRunner
+
+        torch.manual_seed(spec.seed)
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+        config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
+                              kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
+                              max_model_len=spec.max_model_len)
+        # tokenizer=None: stop strings and detokenization are the server's job.
+        self.engine = LLMEngine(spec.model, config=config, dtype=parse_dtype(spec.dtype), tokenizer=None,
+                                device=spec.device)
+        eos = self.engine.eos_token_ids
+        self.guide = GuidedDecoding(self.engine.vocab_size, eos[0] if eos else 0,
+                                    enabled=self.engine.vocab_size >= MIN_VOCAB)
+        self.engine.runner = GuidedModelRunner(self.engine.runner, self.guide)
+
+    def ready(self) -> Ready:
+        mc = self.engine.model_config
+        return Ready(model_type=mc.model_type, vocab_size=self.engine.vocab_size,
+                     max_model_len=self.engine.max_model_len, eos_token_ids=list(self.engine.eos_token_ids),
+                     media_placeholder_token_id=mc.media_placeholder_token_id, stats=_stats(self.engine))
+
+    def handle(self, msg) -> list[Output]:
+        if isinstance(msg, AddRequest):
+            try:
+                self.guide.add(msg.request_id, msg.grammar, dict(msg.logit_bias))
+                self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling.to_params())
+            except (ValueError, TypeError) as e:
+                self.guide.remove(msg.request_id)
+                return [Output(msg.request_id, [], finished=True, finish_reason="error", error=str(e))]
+            return []
+        if isinstance(msg, AbortRequest):
+            for rid in msg.request_ids:
+                self.engine.abort_request(rid)
+                self.guide.remove(rid)
+        return []
+
+    def step(self) -> list[Output]:
+        try:
+            outs = self.engine.step()
+        except Exception as e:  # a failed step fails its requests, not the process
+            log.exception("engine step failed; aborting all requests")
+            ids = list(self.engine.scheduler.requests)
+            for rid in ids:
+                self.engine.abort_request(rid)
+                self.guide.remove(rid)
+            return [Output(rid, [], finished=True, finish_reason="error", error=f"engine step failed: {e}")
+                    for rid in ids]
+        items = []
+        for o in outs:
+            n = len(o.delta_token_ids)
+            lps = o.logprobs[-n:] if o.logprobs is not None and n else None
+            if o.finished:
+                self.guide.remove(o.request_id)
+            stop = o.stop_reason if isinstance(o.stop_reason, int) else None
+            items.append(Output(o.request_id, list(o.delta_token_ids), finished=o.finished,
+                                finish_reason=o.finish_reason, stop_reason=stop, logprobs=lps,
+                                num_prompt_tokens=len(o.prompt_token_ids), num_cached_tokens=o.num_cached_tokens))
+        return items
+
+
+def serve(spec: CoreSpec) -> int:
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.connect(spec.input_addr)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(spec.output_addr)
+    push.setsockopt(zmq.LINGER, 1000)
+    parent = os.getppid()
+    try:
+        core = EngineCore(spec)
+    except Exception as e:  # noqa: BLE001 - reported to the server as one line
+        push.send(encode(Fatal(f"{type(e).__name__}: {e}")))
+        push.close()
+        ctx.term()
+        return 1
+    push.send(encode(core.ready()))
+    engine = core.engine
+    last_beat = 0.0
+    try:
+        while True:
+            busy = engine.has_unfinished_requests()
+            outputs: list[Output] = []
+            if pull.poll(0 if busy else int(HEARTBEAT_S * 1000)):
+                while True:
+                    try:
+                        raw = pull.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    msg = to_engine_decoder.decode(raw)
+                    if isinstance(msg, Shutdown):
+                        return 0
+                    outputs += core.handle(msg)
+            if engine.has_unfinished_requests():
+                outputs += core.step()
+            now = time.monotonic()
+            if outputs or now - last_beat >= HEARTBEAT_S:
+                push.send(encode(Outputs(outputs, _stats(engine))))
+                last_beat = now
+                if os.getppid() != parent:  # the server is gone: do not linger as an orphan
+                    return 0
+    finally:
+        pull.close(0)
+        push.close(0)
+        ctx.term()
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s engine-core: %(message)s")
+    if len(argv) != 1:
+        print("usage: python -m k3serve.server.engine_core '<CoreSpec JSON>'", file=sys.stderr)
+        return 2
+    try:
+        return serve(msgspec.json.decode(argv[0], type=CoreSpec))
+    except KeyboardInterrupt:  # Ctrl-C in a terminal reaches the whole process group; the server stops us
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

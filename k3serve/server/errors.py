@@ -1,0 +1,92 @@
+"""OpenAI-style error objects for every failure: `{"error": {"message", "type", "param", "code"}}`.
+
+Handlers only translate: `ValueError` from validation/rendering -> 400, request-body schema
+errors -> 400 (not FastAPI's 422; KVV expects 400), unknown routes -> 404, engine gone -> 503,
+queue full -> 429, both with Retry-After. No traceback ever reaches a client.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from k3serve.server.engine_client import EngineBusy, EngineDead
+
+log = logging.getLogger("k3serve.server")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          429: "rate_limit_exceeded", 500: "server_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+                 retry_after: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.retry_after = status, message, code, param, retry_after
+
+
+def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
+                      "code": code}}
+
+
+def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,
+                   retry_after: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return JSONResponse(error_body(status, message, code, param), status_code=status, headers=headers)
+
+
+def value_error(e: ValueError) -> APIError:
+    """400, or 413 when the prompt does not fit the context; `param` is the leading field name."""
+    msg = str(e) or "invalid request"
+    head = msg.split(":", 1)[0]
+    param = head if head.replace("_", "").replace(".", "").replace("[", "").replace("]", "").isalnum() else None
+    if "max_model_len" in msg or "context length" in msg:
+        return APIError(413, msg, code="context_length_exceeded", param=param)
+    return APIError(400, msg, code="invalid_request", param=param)
+
+
+def _field(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts) or "body"
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api(_: Request, e: APIError):
+        return error_response(e.status, e.message, code=e.code, param=e.param, retry_after=e.retry_after)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, e: RequestValidationError):
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        field = _field(tuple(first.get("loc", ())))
+        return error_response(400, f"{field}: {first.get('msg', 'invalid value')}", code="invalid_request",
+                              param=field)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, e: StarletteHTTPException):
+        return error_response(e.status_code, str(e.detail), code="not_found" if e.status_code == 404 else None)
+
+    @app.exception_handler(EngineDead)
+    async def _dead(_: Request, e: EngineDead):
+        return error_response(503, f"the engine is unavailable: {e}", code="engine_unavailable", retry_after=5)
+
+    @app.exception_handler(EngineBusy)
+    async def _busy(_: Request, e: EngineBusy):
+        return error_response(429, f"the server is overloaded: {e}", code="rate_limit_exceeded", retry_after=1)
+
+    @app.exception_handler(ValueError)
+    async def _value(_: Request, e: ValueError):
+        a = value_error(e)
+        return error_response(a.status, a.message, code=a.code, param=a.param)
+
+    @app.exception_handler(Exception)
+    async def _other(_: Request, e: Exception):
+        log.exception("unhandled error")
+        return error_response(500, f"internal error ({type(e).__name__})", code="internal_error")

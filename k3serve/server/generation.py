@@ -1,0 +1,153 @@
+"""Running n choices of one prompt through the engine and merging their steps into one stream.
+
+Each choice is its own engine request (`<id>-<k>`, seed + k·1000003 when seeded, as the offline
+engine does). Leaving the merged iterator early (client gone, stop string, error) closes every
+choice's engine stream, which aborts the request in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from k3serve.server.choice import ChoiceDecoder
+from k3serve.server.messages import Sampling
+
+T = TypeVar("T")
+SEED_STRIDE = 1_000_003
+_END = object()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{secrets.token_hex(12)}"
+
+
+def choice_sampling(sampling: Sampling, k: int, n: int) -> Sampling:
+    if n == 1 or sampling.seed is None:
+        return sampling
+    return msgspec.structs.replace(sampling, seed=sampling.seed + k * SEED_STRIDE)
+
+
+async def run_choices(client, request_id: str, prompt_ids: list[int], sampling: Sampling,
+                      decoders: Sequence[ChoiceDecoder], *, grammar: str | None = None,
+                      logit_bias: dict[int, float] | None = None) -> AsyncIterator[tuple[int, Any, list]]:
+    """Yield `(choice index, deltas or text, logprobs)` per engine step of any choice."""
+    n = len(decoders)
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def one(k: int) -> None:
+        dec = decoders[k]
+        try:
+            async for out in client.generate(f"{request_id}-{k}", prompt_ids, choice_sampling(sampling, k, n),
+                                             grammar=grammar, logit_bias=logit_bias):
+                items, lps = dec.push(out)
+                q.put_nowait((k, items, lps))
+                if dec.done:
+                    break  # a stop string ended it: closing the stream aborts the engine request
+        except Exception as e:  # noqa: BLE001 - re-raised in the consumer
+            q.put_nowait((k, e, None))
+        finally:
+            q.put_nowait((k, _END, None))
+
+    tasks = [asyncio.create_task(one(k)) for k in range(n)]
+    try:
+        remaining = n
+        while remaining:
+            k, item, lps = await q.get()
+            if item is _END:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield k, item, lps
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def until_disconnected(request: Request, work: Awaitable[T], poll_s: float = 0.5) -> T:
+    """Run `work`; cancel it (aborting its engine requests) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                raise asyncio.CancelledError("client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def usage(prompt_tokens: int, completion_tokens: int, *, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": reasoning}}
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None
+
+    def mark_first(self) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+class EventStream(StreamingResponse):
+    """An SSE response that stops generating as soon as the client disconnects, whatever the
+    ASGI version: the body runs beside a disconnect listener, and the body iterator is always
+    closed, which aborts the engine requests behind it."""
+
+    def __init__(self, body: AsyncIterator[bytes], media_type: str = "text/event-stream"):
+        super().__init__(body, media_type=media_type, headers={"cache-control": "no-cache"})
+        self.body = body
+
+    async def __call__(self, scope, receive, send) -> None:
+        import anyio
+
+        async def stream() -> None:
+            try:
+                await send({"type": "http.response.start", "status": self.status_code,
+                            "headers": self.raw_headers})
+                async for chunk in self.body:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except OSError:
+                pass
+            finally:
+                tg.cancel_scope.cancel()
+
+        async def listen() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            tg.cancel_scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stream)
+                tg.start_soon(listen)
+        finally:
+            with contextlib.suppress(Exception):
+                await self.body.aclose()

@@ -1,0 +1,124 @@
+"""Typed messages between the HTTP server process and the engine-core process (msgpack via msgspec).
+
+One tagged union per direction; nothing else crosses the ZMQ sockets (no pickle):
+
+    server -> engine   ``ToEngine``   = AddRequest | AbortRequest | Shutdown
+    engine -> server   ``FromEngine`` = Ready | Outputs | Fatal
+
+Token ids travel, text does not: the server tokenizes and detokenizes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from k3serve.engine.sampling_params import SamplingParams
+
+
+class Sampling(msgspec.Struct, frozen=True):
+    """The engine's ``SamplingParams`` as plain data (stop strings stay in the server)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: list[int] = []
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+
+    def checked(self) -> Sampling:
+        """Self, after the engine's own validation (ValueError naming the field)."""
+        self.to_params()
+        return self
+
+    def to_params(self) -> SamplingParams:
+        return SamplingParams(**{f: getattr(self, f) for f in self.__struct_fields__})
+
+
+class AddRequest(msgspec.Struct, tag="add", frozen=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: Sampling
+    grammar: str | None = None  # an llguidance grammar (Lark text); the engine masks logits with it
+    logit_bias: dict[int, float] = {}
+
+
+class AbortRequest(msgspec.Struct, tag="abort", frozen=True):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
+    pass
+
+
+ToEngine = AddRequest | AbortRequest | Shutdown
+
+
+class Stats(msgspec.Struct, frozen=True):
+    """``EngineStats`` as data; ``num_requests`` counts requests the core holds (running + waiting)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_blocks: int = 1
+    num_blocks_used: int = 0
+    num_blocks_cached: int = 0
+    num_snapshot_slots: int = 0
+    num_snapshots: int = 0
+    num_admitted_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_preemptions: int = 0
+    num_steps: int = 0
+    num_free_slots: int = 0
+    num_slots: int = 0
+
+
+class Ready(msgspec.Struct, tag="ready", frozen=True):
+    model_type: str
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: list[int]
+    media_placeholder_token_id: int | None
+    stats: Stats
+
+
+class Output(msgspec.Struct, frozen=True):
+    """One request's new tokens of one step. ``logprobs`` has one ``{id: logprob}`` per new token
+    (the sampled id first). ``error`` is set when the engine refused or lost the request."""
+
+    request_id: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    logprobs: list[dict[int, float]] | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+
+class Outputs(msgspec.Struct, tag="outputs", frozen=True):
+    items: list[Output]
+    stats: Stats
+
+
+class Fatal(msgspec.Struct, tag="fatal", frozen=True):
+    message: str
+
+
+FromEngine = Ready | Outputs | Fatal
+
+_enc = msgspec.msgpack.Encoder()
+to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
+from_engine_decoder = msgspec.msgpack.Decoder(FromEngine)
+
+
+def encode(msg: ToEngine | FromEngine) -> bytes:
+    return _enc.encode(msg)

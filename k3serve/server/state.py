@@ -1,0 +1,83 @@
+"""Server configuration and the per-app state the handlers share (built by the app factory, never
+at import time)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from k3serve.server.media import MediaLimits
+
+CONTRACTS = ("kimi", "openai")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str
+    served_model_names: tuple[str, ...] = ()
+    api_key: str | None = None
+    api_contract: str | None = None  # None: kimi for K3 models, openai otherwise
+    chat_format: str | None = None  # None: from the model's model_type
+    max_queued_requests: int = 1024
+    media: MediaLimits = field(default_factory=MediaLimits)
+    engine: dict[str, Any] = field(default_factory=dict)  # CoreSpec fields except the model and addresses
+    startup_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.api_contract not in (None, *CONTRACTS):
+            raise ValueError(f"--api-contract must be one of {', '.join(CONTRACTS)}, got {self.api_contract!r}")
+        if self.max_queued_requests < 1:
+            raise ValueError(f"--max-queued-requests must be >= 1, got {self.max_queued_requests}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.served_model_names or (self.model,)
+
+
+@dataclass
+class ServerState:
+    """Everything a handler needs; filled in by the app's startup."""
+
+    config: ServerConfig
+    client: Any = None  # EngineClient
+    tokenizer: Any = None
+    fmt: Any = None  # ChatFormat
+    contract: str = "openai"
+    metrics: Any = None
+    started: float = field(default_factory=time.time)
+    startup_error: str | None = None
+
+    def check_api_key(self, header: str | None) -> bool:
+        key = self.config.api_key
+        if key is None:
+            return True
+        if not header or not header.startswith("Bearer "):
+            return False
+        return secrets.compare_digest(header[len("Bearer "):].encode(), key.encode())
+
+    def check_model(self, name: str | None) -> None:
+        from k3serve.server.errors import APIError
+
+        if name is not None and name not in self.config.names:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {', '.join(self.config.names)}",
+                           code="model_not_found", param="model")
+
+    @property
+    def max_model_len(self) -> int:
+        return self.client.ready.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.client.ready.vocab_size
+
+    def check_ids(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("prompt: must contain at least one token")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt: token id {bad} is outside this model's vocabulary of {self.vocab_size} ids")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt: {len(ids)} tokens leave no room in the model's context length "
+                             f"(max_model_len={self.max_model_len})")

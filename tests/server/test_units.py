@@ -1,0 +1,112 @@
+"""Pieces without a server: typed messages, request models, media, the serve CLI's flag checks."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+
+import msgspec
+import pytest
+from PIL import Image
+
+from k3serve.server.media import MediaLimits, expand_media_pads, load_images
+from k3serve.server.messages import (
+    AbortRequest,
+    AddRequest,
+    Output,
+    Outputs,
+    Sampling,
+    Stats,
+    encode,
+    from_engine_decoder,
+    to_engine_decoder,
+)
+from k3serve.server.protocol import ChatCompletionRequest
+
+
+def test_messages_round_trip_without_pickle():
+    add = AddRequest("r-1", [1, 2, 3], Sampling(temperature=0.6, seed=5, max_tokens=9), grammar="start: \"a\"",
+                     logit_bias={7: 1.5})
+    raw = encode(add)
+    assert b"pickle" not in raw and raw[:1] != b"\x80"  # msgpack map, not a pickle stream
+    assert to_engine_decoder.decode(raw) == add
+    assert to_engine_decoder.decode(encode(AbortRequest(["a", "b"]))) == AbortRequest(["a", "b"])
+    out = Outputs([Output("r-1", [5], logprobs=[{5: -0.1, 6: -2.0}], finished=True, finish_reason="stop",
+                          stop_reason=5)], Stats(num_running=1))
+    assert from_engine_decoder.decode(encode(out)) == out
+    with pytest.raises(msgspec.ValidationError):
+        to_engine_decoder.decode(msgspec.msgpack.encode({"type": "add", "request_id": 3}))
+    assert add.sampling.to_params().seed == 5
+
+
+def chat(**kw) -> ChatCompletionRequest:
+    return ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], **kw)
+
+
+def test_kimi_contract_fixes_sampling():
+    s = chat().to_sampling_params("kimi", thinking=True, prompt_len=10, max_model_len=100)
+    assert (s.temperature, s.top_p, s.max_tokens) == (1.0, 0.95, 90)
+    assert chat().to_sampling_params("kimi", thinking=False, prompt_len=10, max_model_len=100).temperature == 0.6
+    for bad in ({"temperature": 0.7}, {"top_p": 0.9}, {"n": 3}, {"presence_penalty": 0.1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            chat(**bad).to_sampling_params("kimi", thinking=True, prompt_len=1, max_model_len=100)
+    s = chat(temperature=1.7, top_p=0.5, n=3).to_sampling_params("openai", thinking=True, prompt_len=1,
+                                                                  max_model_len=100)
+    assert (s.temperature, s.top_p) == (1.7, 0.5)
+
+
+def test_thinking_controls():
+    assert chat().thinking_mode(True) == (True, "max")
+    assert chat(thinking={"type": "disabled"}).thinking_mode(True)[0] is False
+    assert chat(thinking={"effort": "low"}, reasoning_effort="high").thinking_mode(False) == (True, "low")
+    assert chat(reasoning_effort="high").thinking_mode(True) == (True, "high")
+    assert chat(chat_template_kwargs={"thinking": False}).thinking_mode(True)[0] is False
+    with pytest.raises(ValueError, match="keep"):
+        chat(thinking={"type": "enabled", "keep": "none"}).thinking_mode(True)
+    with pytest.raises(ValueError, match="max_tokens"):
+        chat(max_tokens=3, max_completion_tokens=4).completion_budget()
+
+
+def _data_url(w, h, fmt="PNG"):
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h)).save(buf, format=fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_media_limits():
+    asyncio.run(_media_limits())
+
+
+async def _media_limits():
+    msg = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(30, 20)}}]}]
+    imgs = await load_images(msg, MediaLimits())
+    assert imgs[0].size == (30, 20)
+    with pytest.raises(ValueError, match="at most 0 images"):
+        await load_images(msg, MediaLimits(max_images=0))
+    with pytest.raises(ValueError, match="larger than"):
+        await load_images(msg, MediaLimits(max_image_bytes=10))
+    bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x.org/a.png"}}]}]
+    with pytest.raises(ValueError, match="not allowed"):
+        await load_images(bad, MediaLimits())
+    assert expand_media_pads([1, 163605, 2, 163605], [3, 1]) == [1, 163605, 163605, 163605, 2, 163605]
+    with pytest.raises(ValueError):
+        expand_media_pads([163605], [])
+
+
+def test_cli_help_and_unsupported_flags(capsys):
+    from k3serve.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--api-contract" in out and "--max-model-len" in out and "--allowed-media-domains" in out
+    for flags in (["--tensor-parallel-size", "2"], ["--data-parallel-size", "4"], ["--enable-expert-parallel"],
+                  ["--nnodes", "2"], ["--kv-cache-dtype", "fp8"]):
+        assert main(["serve", *flags]) != 0
+        err = capsys.readouterr().err
+        assert "not supported yet" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(["serve", "/no/such/model"]) != 0
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
