@@ -52,6 +52,8 @@ def mask_min_tokens(logits: torch.Tensor, reqs: list[Request]) -> None:
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Mask ``logits [M, V]`` (already temperature-scaled) outside each row's top-k / top-p / min-p set."""
     V = logits.shape[-1]
+    if bool((top_k <= 0).all() and (top_p >= 1).all() and (min_p <= 0).all()):
+        return logits  # nothing to filter: skip the full-vocabulary sort
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     rank = torch.arange(V).expand_as(sorted_logits)
     k = torch.where(top_k > 0, top_k, V).clamp(max=V)

@@ -89,3 +89,12 @@ def test_logprobs_are_log_softmax_of_model_logits(eh):
         got = out.prompt_logprobs[p]
         assert got[prompt[p]] == pytest.approx(float(lp[p - 1][prompt[p]]), abs=1e-4)
         assert set(lp[p - 1].topk(2).indices.tolist()) <= set(got)
+
+
+def test_filter_logits_without_filters_is_identity_and_matches_the_sorting_path():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    off = filter_logits(logits, torch.zeros(3, dtype=torch.long), torch.ones(3), torch.zeros(3))
+    assert torch.equal(off, logits)
+    # a top_k as large as the vocabulary filters nothing either, but goes through the sort
+    full = filter_logits(logits, torch.full((3,), 50), torch.ones(3), torch.zeros(3))
+    assert torch.equal(full, logits)
