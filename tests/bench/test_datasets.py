@@ -6,6 +6,8 @@ import json
 import math
 
 import numpy as np
+from pathlib import Path
+
 import pytest
 
 from k3serve.bench.datasets import WORDS, DatasetConfig, build_dataset, parse_dataset, render_text
@@ -73,7 +75,7 @@ def test_trace_block_size_shrinks_prompts_and_keeps_sharing(tmp_path):
 
 
 def test_shared_trace_replays_whole(tmp_path):
-    trace = "/work/shared/traces/synthetic_trace.jsonl"
+    trace = str(Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "synthetic_trace.jsonl")
     try:
         reqs = build_dataset(DatasetConfig("trace", trace_path=trace, num_prompts=200, trace_block_size=16))
     except FileNotFoundError:

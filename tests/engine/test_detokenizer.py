@@ -1,20 +1,20 @@
 """Incremental detokenization: whole UTF-8 characters only, stop strings across token boundaries never leak.
 
-Tested with the Kimi vocabulary through tiktoken (/work/shared/tokenizers/kimi/tiktoken.model), and with a
+Tested with the Kimi vocabulary through tiktoken (the package's copy of shared/tokenizers/kimi/tiktoken.model), and with a
 byte-level toy vocabulary where every token is one byte (the worst case for split characters)."""
 
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k3serve.engine.detokenizer import IncrementalDetokenizer
+from k3serve.tokenizer.kimi import VOCAB_PATH
 
-KIMI = Path("/work/shared/tokenizers/kimi/tiktoken.model")
+KIMI = VOCAB_PATH  # the package copy of shared/tokenizers/kimi/tiktoken.model
 PATTERN = (r"""[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}"""
            r"""&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&"""
            r"""[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?"""

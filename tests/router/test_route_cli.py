@@ -5,7 +5,7 @@ import pytest
 
 from k3serve.cli import main
 
-SYNTHETIC = Path("/work/shared/traces/synthetic_trace.jsonl")
+SYNTHETIC = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "synthetic_trace.jsonl"
 
 
 @pytest.fixture
