@@ -3,6 +3,8 @@
 ``<name>-random`` names are random checkpoints of the packaged tiny configs, written deterministically (seed 0)
 on first use into the cache directory (``$K3SERVE_CACHE``, else ``$XDG_CACHE_HOME/k3serve``, else
 ``~/.cache/k3serve``), so every command works offline before any real weights exist.
+``TRAINED_MODELS`` are checkpoints shipped inside the package (``k3serve/models/weights/<name>``), e.g. the
+default model ``k3-default`` trained by ``k3serve.train`` (see ``k3serve/train/README.md``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ RANDOM_MODELS = {
     # k3-tiny with the full Kimi vocabulary, so real chat prompts (special ids >= 163584) fit
     "k3-tiny-fullvocab-random": "k3-tiny-fullvocab.json",
 }
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+TRAINED_MODELS = ("k3-default",)
 PACKAGED_CONFIGS = {"kimi-k3": "kimi-k3.json", "kimi-linear-48b": "kimi-linear-48b.json"}
 
 
@@ -43,6 +47,12 @@ def packaged_config(name: str) -> Path:
 def resolve_model_path(name_or_path: str | Path) -> Path:
     """A checkpoint directory for a path or a built-in model name (creating random ones on first use)."""
     name = str(name_or_path)
+    if name in TRAINED_MODELS:
+        target = WEIGHTS_DIR / name
+        if not (target / "model.safetensors").exists():
+            raise FileNotFoundError(f"built-in model {name!r}: its weights are missing from the package "
+                                    f"({target}); reinstall k3serve")
+        return target
     if name in RANDOM_MODELS:
         target = cache_dir() / name
         if not (target / "config.json").exists():
@@ -60,7 +70,7 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     path = Path(name).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model {name!r} is neither a directory nor a built-in name "
-                                f"({', '.join(RANDOM_MODELS)})")
+                                f"({', '.join([*TRAINED_MODELS, *RANDOM_MODELS])})")
     if path.is_file():
         raise FileNotFoundError(f"model path {name!r} is a file; pass the checkpoint directory")
     if not (path / "config.json").exists():
