@@ -23,7 +23,8 @@ RANDOM_MODELS = {
     "k3-tiny-fullvocab-random": "k3-tiny-fullvocab.json",
 }
 WEIGHTS_DIR = Path(__file__).parent / "weights"
-TRAINED_MODELS = ("k3-default",)
+# whatever trained checkpoints this copy of the package ships (a directory with config + safetensors each)
+TRAINED_MODELS = tuple(sorted(p.parent.name for p in WEIGHTS_DIR.glob("*/model.safetensors")))
 PACKAGED_CONFIGS = {"kimi-k3": "kimi-k3.json", "kimi-linear-48b": "kimi-linear-48b.json"}
 
 
@@ -48,11 +49,7 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     """A checkpoint directory for a path or a built-in model name (creating random ones on first use)."""
     name = str(name_or_path)
     if name in TRAINED_MODELS:
-        target = WEIGHTS_DIR / name
-        if not (target / "model.safetensors").exists():
-            raise FileNotFoundError(f"built-in model {name!r}: its weights are missing from the package "
-                                    f"({target}); reinstall k3serve")
-        return target
+        return WEIGHTS_DIR / name
     if name in RANDOM_MODELS:
         target = cache_dir() / name
         if not (target / "config.json").exists():
