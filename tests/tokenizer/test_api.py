@@ -106,6 +106,8 @@ def test_segment_cache_is_bounded():
 
 def test_encode_batch(tok, texts):
     docs = [texts["prose"][i:i + 5000] for i in range(0, 100_000, 5000)] + ["", "a<|im_end|>"]
+    # non-ASCII texts of each str kind: converted to UTF-8 on the worker threads
+    docs += [texts["cjk"][i:i + 3000] for i in range(0, 30_000, 3000)] + ["é ü x" * 40, "emoji 🙂 x" * 50]
     single = [tok.encode(d).tolist() for d in docs]
     for n in (1, 2, 0):
         assert [a.tolist() for a in tok.encode_batch(docs, num_threads=n)] == single

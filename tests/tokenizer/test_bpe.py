@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from k3serve.tokenizer import Tokenizer
 from k3serve.tokenizer.reference import bpe
 
 SMALL, HEAP, LINEAR = 1, 2, 3
@@ -36,6 +37,15 @@ def test_linear_matches_heap_on_long_pieces(tok):
     pieces = random_pieces(40, seed=2, lo=128, hi=20_000) + [b"a" * 25_000, b" " * 25_000, b"ab" * 9_000]
     for p in pieces:
         assert tok._core.bpe(p, LINEAR).tolist() == tok._core.bpe(p, HEAP).tolist(), p[:40]
+
+
+def test_long_single_piece_matches_tiktoken(enc):
+    # the benchmark's case: one 100k-character piece (no cuts), through the linear encoder
+    t = Tokenizer.kimi(kimi_cuts=False)
+    rnd = random.Random(2)
+    for alphabet in ("abcdefghijklmnopqrstuvwxyz", "ab", "aeiou", "qxzj"):
+        text = "".join(rnd.choices(alphabet, k=100_000))
+        assert t.encode(text).tolist() == enc.encode_ordinary(text), alphabet
 
 
 @pytest.mark.slow

@@ -302,25 +302,62 @@ class PyCore {
     return to_array(std::move(out));
   }
 
+  // Each text is converted to UTF-8 and encoded on the pool (the str objects are immutable and
+  // kept alive by `objs`, so no GIL is needed to read them). Every item encodes into its own local
+  // vector, moved into place once: two threads appending to adjacent vector headers would share a
+  // cache line on every token.
   py::list encode_batch(const py::sequence& texts, py::handle allowed, size_t n_threads) {
-    std::vector<Utf8Text> utf8(texts.size());  // sized once: views into `owned` stay valid
-    std::vector<std::string_view> views(texts.size());
-    for (size_t i = 0; i < texts.size(); ++i) {
-      utf8_of(texts[i], ("texts[" + std::to_string(i) + "]").c_str(), utf8[i]);
-      views[i] = utf8[i].view;
+    const size_t n = texts.size();
+    std::vector<py::object> objs(n);
+    for (size_t i = 0; i < n; ++i) {
+      objs[i] = texts[i];
+      PyObject* o = objs[i].ptr();
+      if (!PyUnicode_Check(o))
+        throw py::type_error("texts[" + std::to_string(i) + "] must be str, not " + Py_TYPE(o)->tp_name);
+#if PY_VERSION_HEX < 0x030C0000
+      if (PyUnicode_READY(o) != 0) throw py::error_already_set();
+#endif
     }
     std::vector<uint8_t> mask = parse_allowed(allowed);
     const uint8_t* m = mask_ptr(mask);
-    std::vector<std::vector<uint32_t>> outs(views.size());
+    std::vector<std::vector<uint32_t>> outs(n);
+    std::vector<uint8_t> bad(n, 0);  // a lone surrogate: raised below, with the GIL
     if (n_threads == 0) n_threads = std::max(1u, std::thread::hardware_concurrency());
     {
       py::gil_scoped_release nogil;
-      ThreadPool::get().run(n_threads, views.size(), [&](size_t i) {
-        core_->encode(u8(views[i]), views[i].size(), m, outs[i]);
+      ThreadPool::get().run(n_threads, n, [&](size_t i) {
+        PyObject* o = objs[i].ptr();
+        const size_t len = size_t(PyUnicode_GET_LENGTH(o));
+        std::string_view view;
+        thread_local std::string owned;
+        bool ok = true;
+        if (PyUnicode_IS_ASCII(o)) {
+          view = std::string_view(static_cast<const char*>(PyUnicode_DATA(o)), len);
+        } else {
+          switch (PyUnicode_KIND(o)) {
+            case PyUnicode_1BYTE_KIND: ok = encode_utf8(PyUnicode_1BYTE_DATA(o), len, owned); break;
+            case PyUnicode_2BYTE_KIND: ok = encode_utf8(PyUnicode_2BYTE_DATA(o), len, owned); break;
+            default: ok = encode_utf8(PyUnicode_4BYTE_DATA(o), len, owned); break;
+          }
+          view = owned;
+        }
+        if (!ok) {
+          bad[i] = 1;
+          return;
+        }
+        std::vector<uint32_t> ids;
+        core_->encode(u8(view), view.size(), m, ids);
+        outs[i] = std::move(ids);
+        if (owned.capacity() > (size_t(1) << 24)) std::string().swap(owned);  // keep no huge buffer
       });
     }
-    py::list result(views.size());
-    for (size_t i = 0; i < outs.size(); ++i) result[i] = to_array(std::move(outs[i]));
+    for (size_t i = 0; i < n; ++i)
+      if (bad[i]) {  // let CPython raise its UnicodeEncodeError
+        Utf8Text t;
+        utf8_of(objs[i], ("texts[" + std::to_string(i) + "]").c_str(), t);
+      }
+    py::list result(n);
+    for (size_t i = 0; i < n; ++i) result[i] = to_array(std::move(outs[i]));
     return result;
   }
 
