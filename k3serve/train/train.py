@@ -58,11 +58,14 @@ class TrainConfig:
     threads: int = 1  # per process
     workers: int = 1  # data-parallel processes (one per core)
     log_every: int = 10
+    save_every: int = 0  # also export <out>/step_<k>/model every this many steps (0: only at the end)
 
     def __post_init__(self) -> None:
         for name in ("steps", "tokens_per_step", "threads", "workers", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.save_every < 0:
+            raise ValueError("save_every must be >= 0")
         if not 0.0 <= self.qat_from <= 1.0:
             raise ValueError("qat_from must be in [0, 1]")
 
@@ -121,8 +124,10 @@ class LoadTracker:
         self.loads.clear()
 
 
-def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded]) -> tuple[torch.Tensor, int]:
-    """Mean loss over the answer tokens of the batch, and how many there were."""
+def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
+              by_kind: dict[str, list[float]] | None = None) -> tuple[torch.Tensor, int]:
+    """Mean loss over the answer tokens of the batch, and how many there were; ``by_kind`` (if given)
+    accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt."""
     seqs = [torch.tensor(vocab.to_compact(e.ids)) for e in batch]
     hidden = train_forward(model, seqs)
     pos, tgt, off = [], [], 0
@@ -132,7 +137,15 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded]) 
         off += len(e.ids)
     logits = model.compute_logits(hidden[torch.cat(pos)])
     target = torch.cat(tgt)
-    return vocab.loss(logits, target), target.numel()
+    per_token = vocab.loss(logits, target, reduction="none")
+    if by_kind is not None:
+        off = 0
+        for e, t in zip(batch, tgt):
+            acc = by_kind.setdefault(e.kind, [0.0, 0])
+            acc[0] += per_token[off:off + len(t)].sum().item()
+            acc[1] += len(t)
+            off += len(t)
+    return per_token.mean(), target.numel()
 
 
 @torch.no_grad()
@@ -173,7 +186,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     tracker = LoadTracker(model)
     log: list[dict] = []
     stats: dict[str, int] = {}
-    t0, toks, window = time.time(), 0, []
+    t0, toks, window, kinds = time.time(), 0, [], {}
     qat_step = int(cfg.qat_from * cfg.steps)
     stream = data.batches(tokenizer, vocab, seed=cfg.seed + 2 + 1000 * rank, steps=cfg.steps,
                           tokens_per_step=cfg.tokens_per_step, stats=stats)
@@ -185,7 +198,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
         with parametrize.cached():
-            loss, _ = step_loss(model, vocab, batch)
+            loss, _ = step_loss(model, vocab, batch, kinds)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         parallel.average_grads(list(model.parameters()), world)
@@ -197,11 +210,14 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             entry = {"step": step + 1, "loss": sum(window) / len(window), "tokens": toks,
                      "seconds": round(time.time() - t0, 1), "tok_per_s": round(toks / (time.time() - t0), 1),
-                     "qat": step >= qat_step, "skipped": stats.get("skipped", 0)}
-            window = []
+                     "qat": step >= qat_step, "skipped": stats.get("skipped", 0),
+                     "kind_loss": {k: round(v[0] / max(1, v[1]), 3) for k, v in sorted(kinds.items())}}
+            window, kinds = [], {}
             log.append(entry)
             if rank == 0:
                 print(json.dumps(entry), flush=True)
+        if rank == 0 and cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+            export(model, vocab, cfg.config, cfg.out / f"step_{step + 1}")
     log.append({"step": cfg.steps, "final": probe_losses(model, vocab, probe)})
     if rank == 0:
         print(json.dumps(log[-1]), flush=True)

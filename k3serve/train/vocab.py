@@ -40,12 +40,13 @@ class CompactVocab:
         except KeyError as e:
             raise ValueError(f"token id {e.args[0]} is not in the compact vocabulary") from None
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean full-vocabulary cross-entropy from compact logits ``[n, |U|]`` and compact targets ``[n]``."""
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """Full-vocabulary cross-entropy from compact logits ``[n, |U|]`` and compact targets ``[n]``
+        (mean, or per token ``[n]`` with ``reduction="none"``)."""
         if self.zero_rows_log is not None:
             zero = logits.new_full((logits.shape[0], 1), self.zero_rows_log)
             logits = torch.cat([logits, zero], dim=-1)
-        return F.cross_entropy(logits.float(), targets)
+        return F.cross_entropy(logits.float(), targets, reduction=reduction)
 
     def expand_rows(self, compact: torch.Tensor) -> torch.Tensor:
         """Compact rows ``[|U|, d]`` -> the full table ``[V, d]``, unused rows exactly zero."""
