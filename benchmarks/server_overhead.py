@@ -10,6 +10,12 @@ Workload B (structured outputs): N chat requests with a json_schema response_for
 chat requests unconstrained; compared as output tokens per second. Target: cost <= 10%.
 The model is the packaged `k3-tiny-fullvocab` config with random weights (full Kimi vocabulary, so
 grammars and chat prompts are real).
+
+    python benchmarks/server_overhead.py --per-token [--requests 32 --max-tokens 256]
+
+Per-token mode: the server's own CPU per generated token, without a model: a fake engine sends one
+token per request per step (msgpack round trip) into the real completion / chat handlers (tokenizer,
+parser, SSE); CPU time, best of 5.
 """
 
 from __future__ import annotations
@@ -87,7 +93,10 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--json-max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--per-token", action="store_true", help="server CPU per token with a fake engine")
     args = ap.parse_args()
+    if args.per_token:
+        return per_token(args.requests, args.max_tokens)
     from k3serve.testing import write_random_checkpoint
 
     tmp = None if os.environ.get("K3SERVE_BENCH_CKPT") else tempfile.TemporaryDirectory(prefix="k3-bench-")
@@ -143,6 +152,86 @@ def _run(args: argparse.Namespace, ckpt: str) -> int:
     print(f"  unconstrained  : {plain_tps:8.1f} tok/s   rounds {[round(x, 1) for x in pts]}")
     print(f"  json_schema    : {json_tps:8.1f} tok/s   rounds {[round(x, 1) for x in jts]}")
     print(f"  cost           : {100 * cost:.1f}% (target <= 10%)")
+    return 0
+
+
+class _FakeEngine:
+    """Stands in for `EngineClient`: `step()` sends every open request its next token."""
+
+    def __init__(self, tokens: int, requests: int):
+        from k3serve.server.messages import Ready, Stats
+
+        self.ready = Ready(model_type="kimi_k3", vocab_size=163840, max_model_len=4096, eos_token_ids=[163586],
+                           media_placeholder_token_id=None, stats=Stats())
+        self.tokens, self.requests, self.streams, self.started = tokens, requests, {}, 0
+
+    async def run(self) -> None:
+        from k3serve.server.messages import Output, Outputs, Stats, encode, from_engine_decoder
+
+        while self.started < self.requests:  # every request is in before the first step
+            await asyncio.sleep(0)
+        step = 0
+        while self.streams:
+            fin = step == self.tokens - 1
+            items = [Output(rid, [(7919 * (k + 1) * (step + 1)) % 150000 + 1000], finished=fin,
+                            finish_reason="length" if fin else None, num_prompt_tokens=64)
+                     for rid, (_, k) in self.streams.items()]
+            for out in from_engine_decoder.decode(encode(Outputs(items, Stats()))).items:
+                self.streams[out.request_id][0].put_nowait(out)
+                if out.finished:
+                    del self.streams[out.request_id]
+            step += 1
+            await asyncio.sleep(0)
+
+    async def generate(self, rid, prompt_ids, sampling, **_):
+        q: asyncio.Queue = asyncio.Queue()
+        self.streams[rid] = (q, self.started)
+        self.started += 1
+        while True:
+            out = await q.get()
+            yield out
+            if out.finished:
+                return
+
+
+def per_token(n: int, tokens: int) -> int:
+    from k3serve.server.chat import chat_format_for
+    from k3serve.server.chat_request import prepare_chat
+    from k3serve.server.chat_serving import chat_response, chat_stream
+    from k3serve.server.completion_serving import CompletionJob, completion_response
+    from k3serve.server.messages import Sampling
+    from k3serve.server.metrics import Metrics
+    from k3serve.server.protocol import ChatCompletionRequest
+    from k3serve.server.state import ServerConfig, ServerState
+    from k3serve.tokenizer import Tokenizer
+
+    st = ServerState(ServerConfig(model="fake"), tokenizer=Tokenizer.kimi("k3"), fmt=chat_format_for("kimi_k3"),
+                     metrics=Metrics("fake", lambda: None, lambda: 0))
+
+    async def drain(agen) -> None:
+        async for _ in agen:
+            pass
+
+    async def one_round(mode: str) -> None:
+        st.client = engine = _FakeEngine(tokens, n)
+        if mode == "completions":
+            job = CompletionJob([[1] * 64], [""], [Sampling(max_tokens=tokens)], 1, (), None, False, False, True, {})
+            work = [completion_response(st, job, "m") for _ in range(n)]
+        else:
+            req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=tokens,
+                                        stream=mode == "chat SSE", thinking={"type": "disabled"})
+            jobs = [await prepare_chat(st, req) for _ in range(n)]
+            work = [drain(chat_stream(st, j, "m")) if req.stream else chat_response(st, j, "m") for j in jobs]
+        await asyncio.gather(engine.run(), *work)
+
+    print(f"server CPU per token, fake engine, {n} requests x {tokens} tokens (best of 5)")
+    for mode in ("completions", "chat", "chat SSE"):
+        times = []
+        for _ in range(6):
+            t0 = time.process_time()
+            asyncio.run(one_round(mode))
+            times.append(time.process_time() - t0)
+        print(f"  {mode:12s}: {1e6 * min(times[1:]) / (n * tokens):6.1f} us/token")
     return 0
 
 

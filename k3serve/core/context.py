@@ -11,6 +11,9 @@ Caches (allocated by the engine or ``models.cache.allocate_caches``):
     ``[num_slots, 3·P, W-1]`` (q|k|v channels, the last W-1 pre-conv inputs); sequence ``i`` owns slot
     ``state_slots[i]``.
 
+``ModelCaches.workspace`` hands out reusable scratch buffers for large per-step temporaries (the MLA decode
+latent gather): a fresh multi-MiB tensor every step costs page faults on CPU, a kept buffer does not.
+
 Exactly one context is active at a time, entered with ``forward_context(ctx)``.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -29,10 +33,22 @@ class ModelCaches:
     kda_state: dict[int, torch.Tensor] = field(default_factory=dict)
     kda_conv: dict[int, torch.Tensor] = field(default_factory=dict)
     block_size: int = 16
+    scratch: dict[str, torch.Tensor] = field(default_factory=dict)  # reusable temporaries, not cache state
 
     def nbytes(self) -> int:
+        """Bytes of cache state (the scratch buffers are not counted: they only hold a step's temporaries)."""
         tensors = [*self.mla.values(), *self.kda_state.values(), *self.kda_conv.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    def workspace(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A flat ``[numel]`` buffer with undefined contents, reused across steps (grown, never shrunk).
+
+        Valid until the next call with the same name; callers must not return views of it."""
+        buf = self.scratch.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self.scratch[name] = buf
+        return buf[:numel]
 
 
 @dataclass
@@ -72,9 +88,15 @@ class ForwardContext:
     def num_tokens(self) -> int:
         return int(self.cu_seqlens[-1])
 
-    @property
+    @cached_property
     def context_lens(self) -> list[int]:
+        """[B] tokens in each sequence's caches after this step (computed once per step)."""
         return [c + n for c, n in zip(self.cached_lens, self.seq_lens)]
+
+    @cached_property
+    def context_lens_tensor(self) -> torch.Tensor:
+        """``context_lens`` as an int64 tensor on the batch's device, shared by every layer of the step."""
+        return torch.tensor(self.context_lens, dtype=torch.long, device=self.block_tables.device)
 
     @property
     def last_token_indices(self) -> torch.Tensor:

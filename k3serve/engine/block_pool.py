@@ -15,6 +15,8 @@ from collections import OrderedDict, deque
 
 
 class BlockPool:
+    events = None  # a kv_events.KVEventRecorder when someone listens (set by kv_events.attach)
+
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
@@ -66,6 +68,8 @@ class BlockPool:
             else:
                 b, _ = self._lru.popitem(last=False)
                 del self.hash_to_block[self.block_hash[b]]
+                if self.events is not None:
+                    self.events.block_removed(self.block_hash[b])
                 self.block_hash[b] = None
             self.ref_count[b] = 1
             out.append(b)
@@ -84,17 +88,19 @@ class BlockPool:
                 else:
                     self._lru[b] = None
 
-    def register(self, block: int, block_hash: int) -> bool:
+    def register(self, block: int, block_hash: int, parent: int | None = None) -> bool:
         """Offer a full, computed, in-use block to the cache under ``block_hash``.
 
         Returns False when another block already holds that prefix (the request keeps its own copy, which
-        returns to the free list when released)."""
+        returns to the free list when released). ``parent``: the previous block's hash, for KV events."""
         if self.ref_count[block] == 0:
             raise RuntimeError(f"block {block} is not in use")
         if block_hash in self.hash_to_block or self.block_hash[block] is not None:
             return self.hash_to_block.get(block_hash) == block
         self.block_hash[block] = block_hash
         self.hash_to_block[block_hash] = block
+        if self.events is not None:
+            self.events.block_stored(block_hash, parent)
         return True
 
     def clear_cache(self) -> None:
@@ -102,5 +108,7 @@ class BlockPool:
         while self._lru:
             b, _ = self._lru.popitem(last=False)
             del self.hash_to_block[self.block_hash[b]]
+            if self.events is not None:
+                self.events.block_removed(self.block_hash[b])
             self.block_hash[b] = None
             self._free.append(b)

@@ -7,6 +7,7 @@ split is logged), and wires scheduler, prefix cache, model runner and the per-re
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,10 @@ from k3serve.core.config import ModelConfig
 from k3serve.engine.block_pool import BlockPool
 from k3serve.engine.config import EngineConfig
 from k3serve.engine.detokenizer import IncrementalDetokenizer
+from k3serve.engine.logits_processor import LogitsProcessor
 from k3serve.engine.memory import CachePlan, plan_cache, resolve_budget
 from k3serve.engine.model_runner import ModelRunner, StepResult
+from k3serve.engine.multimodal import ImageInput, check_images
 from k3serve.engine.outputs import RequestOutput
 from k3serve.engine.prefix_cache import HybridPrefixCache, NoPrefixCache
 from k3serve.engine.request import Batch, Request
@@ -74,7 +77,7 @@ class LLMEngine:
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    state_cache_interval=config.state_cache_interval,
                                    blocks=self.blocks, states=self.states, cache=cache)
-        self.runner = ModelRunner(model, caches, device)
+        self.runner = ModelRunner(model, caches, device, placeholder_id=model_config.media_placeholder_token_id)
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._arrivals = 0
         self.num_steps = 0
@@ -90,10 +93,19 @@ class LLMEngine:
         self.num_steps += 1
         return self._process(batch, result)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
+                    images: Sequence[ImageInput] = (), logits_processor: LogitsProcessor | None = None) -> Request:
+        """Queue a request. ``images`` fill spans of media placeholder ids in the prompt (models with a vision
+        tower only); ``logits_processor`` edits this request's logits before each sampling step."""
         self.validate_prompt(prompt_token_ids, params)
+        if logits_processor is not None and not isinstance(logits_processor, LogitsProcessor):
+            raise ValueError("logits_processor: must have prepare(output_token_ids) and apply(logits) methods")
+        checked = check_images(images, prompt_token_ids, self.model_config)
+        if checked and self.runner.images is None:
+            raise ValueError("images: this model object has no vision tower (embed_images)")
         req = Request(request_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids,
-                      max_model_len=self.max_model_len, arrival=self._arrivals)
+                      max_model_len=self.max_model_len, arrival=self._arrivals, images=checked,
+                      logits_processor=logits_processor)
         self._arrivals += 1
         skip = frozenset(self.tokenizer.special_tokens.values()) if (
             self.tokenizer is not None and params.skip_special_tokens) else frozenset()
@@ -120,6 +132,10 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self.scheduler.abort(request_id)
         return None if req is None else self._output(req, [], "")
+
+    @property
+    def supports_images(self) -> bool:
+        return self.runner.images is not None
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -20,6 +20,7 @@ import torch
 
 from k3serve.engine.config import EngineConfig
 from k3serve.engine.engine import LLMEngine, load_tokenizer
+from k3serve.engine.multimodal import ImageInput
 from k3serve.engine.outputs import CompletionGroup, RequestOutput
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.engine.stats import EngineStats
@@ -53,20 +54,25 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionGroup]:
+                 params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 images: Sequence[Sequence[ImageInput]] | None = None) -> list[CompletionGroup]:
+        """``images``: per prompt, the ``ImageInput``s filling its media placeholder spans."""
         prompts = self._as_list(prompts)
         if params is None:
             params = SamplingParams()
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(plist) != len(prompts):
             raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} prompts")
+        ilist = [()] * len(prompts) if images is None else list(images)
+        if len(ilist) != len(prompts):
+            raise ValueError(f"images: got {len(ilist)} image lists for {len(prompts)} prompts")
         groups: list[tuple[str, list[int], list[str]]] = []
-        for prompt, p in zip(prompts, plist):
+        for prompt, p, imgs in zip(prompts, plist, ilist):
             ids = self._encode(prompt)
             gid = str(next(self._ids))
             sub = [gid if p.n == 1 else f"{gid}-{k}" for k in range(p.n)]
             for rid, k in zip(sub, range(p.n)):
-                self.engine.add_request(rid, ids, p.for_sample(k) if p.n > 1 else p)
+                self.engine.add_request(rid, ids, p.for_sample(k) if p.n > 1 else p, images=imgs)
             groups.append((gid, ids, sub))
         done = self._run_to_completion()
         return [CompletionGroup(gid, ids, [done[r] for r in sub]) for gid, ids, sub in groups]

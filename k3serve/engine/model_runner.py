@@ -4,8 +4,10 @@ For a ``Batch`` of B requests with ``num_new_tokens[i]`` tokens each (N in all):
   input_ids ``[N]`` (request i's tokens ``cached_lens[i] : cached_lens[i] + num_new_tokens[i]``),
   cu_seqlens ``[B+1]``, state_slots ``[B]``, block_tables ``[B, max_blocks]`` (-1 padded).
 KDA slot copies listed by the batch are done before (prefix hits) and after (snapshots) the forward, over
-every KDA layer's state and conv tensors. Logits are computed only for rows that sample, plus every prompt
-position of requests that asked for prompt logprobs.
+every KDA layer's state and conv tensors. Models with a vision tower also get ``image_embeds [n, d]``, one
+row per placeholder position of the batch (``multimodal.ImageEmbedder``). Logits are computed only for rows
+that sample, plus every prompt position of requests that asked for prompt logprobs. The logits processors of
+the sampling rows are prepared before the forward (their work overlaps it) and applied by the sampler.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from k3serve.core.context import ForwardContext, ModelCaches, forward_context
+from k3serve.engine.multimodal import ImageEmbedder
 from k3serve.engine.request import Batch
 from k3serve.engine.sampler import sample, token_logprobs
 
@@ -28,10 +31,14 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, caches: ModelCaches, device: torch.device | str = "cpu"):
+    def __init__(self, model: nn.Module, caches: ModelCaches, device: torch.device | str = "cpu", *,
+                 placeholder_id: int | None = None):
         self.model = model
         self.caches = caches
         self.device = torch.device(device)
+        # models with a vision tower get image embeddings scattered into their placeholder positions
+        vision = placeholder_id is not None and hasattr(model, "vision_tower")
+        self.images = ImageEmbedder(model, placeholder_id) if vision else None
 
     def copy_slots(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
@@ -55,21 +62,31 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepResult:
+        rows = [i for i in range(len(batch)) if batch.samples(i)]
+        reqs = [batch.requests[i] for i in rows]
+        for req in reqs:  # processors start their work (grammar masks) now, to overlap the forward
+            if req.logits_processor is not None:
+                req.logits_processor.prepare(req.output_token_ids)
         self.copy_slots(batch.state_copies)
         input_ids, ctx = self.prepare(batch)
-        rows = [i for i in range(len(batch)) if batch.samples(i)]
         ends = ctx.cu_seqlens[1:].tolist()
         with forward_context(ctx):
-            hidden = self.model(input_ids, ctx)
+            hidden = self._forward(input_ids, ctx, batch)
             logits = self.model.compute_logits(hidden[[ends[i] - 1 for i in rows]])
             prompt_lp = self._prompt_logprobs(batch, hidden, ends)
         self.copy_slots(batch.snapshots)
-        result = sample(logits, [batch.requests[i] for i in rows])
+        result = sample(logits, reqs)
         sampled: list[int | None] = [None] * len(batch)
         logprobs: list[dict[int, float] | None] = [None] * len(batch)
         for j, i in enumerate(rows):
             sampled[i], logprobs[i] = result.tokens[j], result.logprobs[j]
         return StepResult(sampled, logprobs, prompt_lp)
+
+    def _forward(self, input_ids: torch.Tensor, ctx: ForwardContext, batch: Batch) -> torch.Tensor:
+        if self.images is None:
+            return self.model(input_ids, ctx)
+        embeds = self.images(batch.requests, batch.cached_lens, batch.num_new_tokens)
+        return self.model(input_ids, ctx) if embeds is None else self.model(input_ids, ctx, image_embeds=embeds)
 
     def _prompt_logprobs(self, batch: Batch, hidden: torch.Tensor,
                          ends: list[int]) -> list[list[dict[int, float]] | None]:

@@ -20,6 +20,7 @@ class RequestOutput:
     logprobs: list[dict[int, float]] | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    index: int = 0  # which of the request's n samples (AsyncLLM.generate with n > 1)
 
 
 @dataclass

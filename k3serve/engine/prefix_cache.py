@@ -2,8 +2,9 @@
 
 Match rule: a hit of depth P (a multiple of the block size) needs the MLA blocks of the whole prefix
 ``[0, P)`` *and* a KDA snapshot taken exactly at P. Both are keyed by the ``core.hashing`` chain hash of the
-block ending at P, so one walk of the hash chain finds the longest MLA prefix and then, right to left, the
-deepest snapshot inside it. A hit always leaves at least one token to compute (the step that samples needs
+block ending at P (a block overlapping an image also hashes the image's content: ``multimodal.chain_hashes``),
+so one walk of the hash chain finds the longest MLA prefix and then, right to left, the deepest snapshot
+inside it. A hit always leaves at least one token to compute (the step that samples needs
 its logits), so P <= num_tokens - 1.
 
 ``PrefixCache`` is the contract; ``HybridPrefixCache`` implements it over ``BlockPool`` + ``StatePool``;
@@ -17,6 +18,7 @@ from typing import Protocol
 
 from k3serve.core.hashing import hash_blocks
 from k3serve.engine.block_pool import BlockPool
+from k3serve.engine.multimodal import chain_hashes
 from k3serve.engine.request import Request
 from k3serve.engine.state_pool import StatePool
 
@@ -46,12 +48,16 @@ def update_block_hashes(req: Request, block_size: int) -> list[int]:
     n_have = len(req.block_hashes)
     if (n_have + 1) * block_size <= req.num_tokens:
         parent = req.block_hashes[-1] if req.block_hashes else None
-        req.block_hashes += hash_blocks(req.token_ids[n_have * block_size:], block_size, parent=parent)
+        if req.images:  # blocks overlapping an image also hash its content
+            req.block_hashes += chain_hashes(req.token_ids, n_have, block_size, parent, req.images)
+        else:
+            req.block_hashes += hash_blocks(req.token_ids[n_have * block_size:], block_size, parent=parent)
     return req.block_hashes
 
 
 class HybridPrefixCache:
     enabled = True
+    events = None  # a kv_events.KVEventRecorder when someone listens (set by kv_events.attach)
 
     def __init__(self, blocks: BlockPool, states: StatePool):
         self.blocks = blocks
@@ -71,13 +77,16 @@ class HybridPrefixCache:
         hashes = update_block_hashes(req, self.block_size)
         full = min(req.num_computed_tokens // self.block_size, len(hashes))
         for i in range(req.num_registered_blocks, full):
-            self.blocks.register(req.block_ids[i], hashes[i])
+            self.blocks.register(req.block_ids[i], hashes[i], hashes[i - 1] if i else None)
         req.num_registered_blocks = max(req.num_registered_blocks, full)
 
     def snapshot_key(self, req: Request, position: int) -> int:
         if position <= 0 or position % self.block_size:
             raise ValueError(f"snapshot position {position} is not a positive multiple of {self.block_size}")
-        return update_block_hashes(req, self.block_size)[position // self.block_size - 1]
+        key = update_block_hashes(req, self.block_size)[position // self.block_size - 1]
+        if self.events is not None:  # the state pool publishes keys only; the router wants the depth too
+            self.events.note_snapshot_depth(key, position)
+        return key
 
 
 class NoPrefixCache:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from k3serve.engine.logits_processor import LogitsProcessor
+from k3serve.engine.multimodal import ImageInput
 from k3serve.engine.sampling_params import SamplingParams
 
 
@@ -36,6 +38,9 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()
     max_model_len: int = 1 << 30
     arrival: int = 0  # FCFS order
+    images: tuple[ImageInput, ...] = ()  # sorted by offset, checked against the prompt
+    logits_processor: LogitsProcessor | None = None
+    image_embeds: list[torch.Tensor] | None = field(init=False, default=None)  # per image, computed once
     token_ids: list[int] = field(init=False)
     status: RequestStatus = field(init=False, default=RequestStatus.WAITING)
     num_computed_tokens: int = field(init=False, default=0)

@@ -1,11 +1,12 @@
 """Batched sampling from fp32 logits ``[M, V]``, one row per request that samples this step.
 
-Order of processing per row: penalties (repetition over prompt+output, presence/frequency over output),
-``min_tokens`` masking of EOS/stop ids, then greedy argmax (temperature 0) or temperature -> top-k -> top-p
--> min-p -> an exponential race ``argmax(p / E)``, ``E ~ Exp(1)``, which draws from ``p`` exactly. A request
-with a seed draws its ``E`` row from its own generator, so its samples depend only on its seed and its
-logits, not on the batch around it. Logprobs are the log-softmax of the model's raw logits (before any
-processing), as in vLLM.
+Order of processing per row: the request's logits processor (``engine.logits_processor``; a grammar mask,
+logit bias), penalties (repetition over prompt+output, presence/frequency over output), ``min_tokens`` masking
+of EOS/stop ids, then greedy argmax (temperature 0) or temperature -> top-k -> top-p -> min-p -> an exponential
+race ``argmax(p / E)``, ``E ~ Exp(1)``, which draws from ``p`` exactly. A request with a seed draws its ``E``
+row from its own generator, so its samples depend only on its seed and its logits, not on the batch around
+it. Logprobs are the log-softmax of the model's raw logits (before any processor, penalty or temperature),
+as in vLLM's default ``raw_logprobs`` mode.
 """
 
 from __future__ import annotations
@@ -70,8 +71,12 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 def sample(logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
     """Tokens for ``logits [M, V]`` (fp32, one row per request in ``reqs``)."""
     raw = logits
-    if any(r.params.needs_penalties or r.num_output_tokens < r.params.min_tokens for r in reqs):
+    if any(r.logits_processor is not None or r.params.needs_penalties or r.num_output_tokens < r.params.min_tokens
+           for r in reqs):
         logits = logits.clone()
+        for row, req in enumerate(reqs):
+            if req.logits_processor is not None:
+                req.logits_processor.apply(logits[row])
         apply_penalties(logits, reqs)
         mask_min_tokens(logits, reqs)
     tokens = logits.argmax(dim=-1)

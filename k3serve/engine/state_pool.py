@@ -15,6 +15,8 @@ from collections import OrderedDict, deque
 
 
 class StatePool:
+    events = None  # a kv_events.KVEventRecorder when someone listens (set by kv_events.attach)
+
     def __init__(self, max_running: int, num_snapshot_slots: int):
         if max_running < 1 or num_snapshot_slots < 0:
             raise ValueError(f"need max_running >= 1 and num_snapshot_slots >= 0, got {max_running}, "
@@ -76,6 +78,8 @@ class StatePool:
         self._key_of[slot] = key
         self._refs[slot] = 0
         self._lru[slot] = None
+        if self.events is not None:
+            self.events.snapshot_stored(key)
         return True
 
     def lookup(self, key: int) -> int | None:
@@ -97,7 +101,10 @@ class StatePool:
             self._lru[slot] = None
 
     def _evict(self, slot: int) -> None:
-        del self._lru[slot], self.snapshot_of[self._key_of.pop(slot)], self._refs[slot]
+        key = self._key_of.pop(slot)
+        del self._lru[slot], self.snapshot_of[key], self._refs[slot]
+        if self.events is not None:
+            self.events.snapshot_removed(key)
         self.free_snapshot(slot)
 
     def clear_cache(self) -> None:

@@ -39,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--limit-images", type=int, default=8, help="images per request")
     g.add_argument("--max-image-bytes", type=int, default=20 << 20, help="bytes per image")
     g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    r = p.add_argument_group("routing")
+    r.add_argument("--kv-events", action="store_true",
+                   help="publish KV cache events for a KV-aware router ('k3serve route'); see /kv_events/info")
+    r.add_argument("--replicas", type=int, default=1,
+                   help="start N replicas (each a server + engine on a free local port) behind a KV-aware "
+                        "router on --host/--port")
     e = p.add_argument_group("engine")
     e.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     e.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once")
@@ -90,6 +96,8 @@ def server_config(args: argparse.Namespace):
               "device": args.device, "seed": args.seed}
     if args.gpu_memory_utilization is not None:
         engine["kv_cache_memory"] = args.gpu_memory_utilization
+    if args.kv_events:
+        engine["kv_events_host"] = args.host
     return ServerConfig(model=path, served_model_names=tuple(args.served_model_name or (args.model,)),
                         api_key=args.api_key, api_contract=args.api_contract, chat_format=args.chat_format,
                         max_queued_requests=args.max_queued_requests, engine=engine,
@@ -102,8 +110,41 @@ def run(args: argparse.Namespace) -> int:
 
     from k3serve.server.app import build_app
 
+    if args.replicas != 1:
+        return _run_replicas(args)
     config = server_config(args)
     print(f"k3serve: serving {config.names[0]} ({config.model}) on http://{args.host}:{args.port}", flush=True)
     uvicorn.run(build_app(config), host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=5)
     return 0
+
+
+def _run_replicas(args: argparse.Namespace) -> int:
+    from k3serve.router.launch import serve_replicas
+
+    if args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    server_config(args)  # bad flags fail here, once, not in every replica
+    return serve_replicas(replica_argv(args), args.replicas, None, args.host, args.port, args.log_level)
+
+
+def replica_argv(args: argparse.Namespace) -> list[str]:
+    """The flags of ``args`` that differ from their defaults, as a ``k3serve serve`` argv for one replica
+    (without --host/--port/--replicas/--kv-events, which the launcher sets)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv: list[str] = []
+    for a in parser._actions:
+        if a.dest in ("help", "host", "port", "replicas", "kv_events"):
+            continue
+        value = getattr(args, a.dest)
+        if not a.option_strings:
+            argv.append(str(value))
+        elif value != a.default:
+            if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+                argv.append(a.option_strings[0])
+            elif isinstance(value, list):
+                argv += [a.option_strings[0], *map(str, value)]
+            else:
+                argv += [a.option_strings[0], str(value)]
+    return argv

@@ -92,17 +92,20 @@ class KimiDeltaAttention(nn.Module):
         conv_weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
         any_fresh = not ctx.is_decode and bool(fresh.any())
         conv_cache = ctx.caches.kda_conv[self.layer_idx]
-        conv_state = conv_cache.index_select(0, slots).float()
+        # Each layer gathers its slots' states once, updates the gathered copy in place and writes it back once.
+        conv_state = conv_cache.index_select(0, slots)
         if any_fresh:
             conv_state[fresh] = 0
         if ctx.is_decode:
-            qkv, conv_state = registry.get("short_conv_update")(qkv.float(), conv_weight, conv_state)
+            qkv, conv_state = registry.get("short_conv_update")(qkv.float(), conv_weight, conv_state,
+                                                                out_state=conv_state)
         else:
             qkv, conv_state = registry.get("short_conv")(qkv.float(), conv_weight, conv_state=conv_state,
                                                          cu_seqlens=ctx.cu_seqlens)
         conv_cache.index_copy_(0, slots, conv_state.to(conv_cache.dtype))
-        q, k, v = (t.reshape(N, H, K) for t in qkv.split(H * K, dim=-1))
-        q, k = l2_normalize(q), l2_normalize(k)
+        # q and k are normalised together (same per-head math, half the ops)
+        qk = l2_normalize(qkv[:, : 2 * H * K].reshape(N, 2 * H, K))
+        q, k, v = qk[:, :H], qk[:, H:], qkv[:, 2 * H * K:].float().reshape(N, H, K)
 
         g = kda_gate(self.f_b_proj(self.f_a_proj(x)).view(N, H, K), self.dt_bias, self.A_log, self.lower_bound)
         beta = torch.sigmoid(self.b_proj(x).float())
@@ -112,9 +115,9 @@ class KimiDeltaAttention(nn.Module):
         if any_fresh:
             state[fresh] = 0
         if ctx.is_decode:
-            o, state = registry.get("kda_decode")(q, k, v.float(), g, beta, state)
+            o, state = registry.get("kda_decode")(q, k, v, g, beta, state, out_state=state)
         else:
-            o, state = registry.get("kda_chunk")(q[None], k[None], v.float()[None], g[None], beta[None],
+            o, state = registry.get("kda_chunk")(q[None], k[None], v[None], g[None], beta[None],
                                                  initial_state=state, cu_seqlens=ctx.cu_seqlens)
             o = o[0]
         state_cache.index_copy_(0, slots, state)

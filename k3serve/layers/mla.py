@@ -62,8 +62,10 @@ class MLAttention(nn.Module):
 
         dims = dict(nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
         if ctx.is_decode:
-            lens = torch.tensor(ctx.context_lens)
-            o = registry.get("mla_decode")(q, cache, ctx.block_tables, lens, self.kv_b_proj.weight, **dims)
+            need = mla_ops.decode_workspace_numel(max(ctx.context_lens), cache.shape[1], cache.shape[2])
+            work = ctx.caches.workspace("mla_latents", need, cache.dtype, cache.device)
+            o = registry.get("mla_decode")(q, cache, ctx.block_tables, ctx.context_lens_tensor,
+                                           self.kv_b_proj.weight, workspace=work, **dims)
         else:
             outs = []
             prefill = registry.get("mla_prefill")

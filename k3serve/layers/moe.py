@@ -7,7 +7,7 @@ x ``[N, d]``:
       the sum passed through RMSNorm_ℓ then W_up
   out = routed + shared_experts(x)
 Routed experts stay in their checkpoint form: ``[E, 2I, D]`` / ``[E, D, I]`` dense, or MXFP4 packed
-(uint8 codes ``[E, rows, cols/2]`` + E8M0 scales ``[E, rows, cols/32]``), dequantised per call.
+(uint8 codes ``[E, rows, cols/2]`` + E8M0 scales ``[E, rows, cols/32]``), the hit experts dequantised per call.
 """
 
 from __future__ import annotations
@@ -112,31 +112,13 @@ class RoutedExperts(nn.Module):
                           param_slot(p + "w2.weight", self.w2[e])]
         return slots
 
-    def _mxfp4_linear(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
-        packed, scale = getattr(self, name + "_packed")[e], getattr(self, name + "_scale")[e]
-        return registry.get("mxfp4_linear")(x, packed, scale, act_quant=self.act_quant).to(x.dtype)
-
     def forward(self, u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """u ``[N, D]``, weights/ids ``[N, k]`` -> ``Σ_k w·expert(u)`` ``[N, D]`` accumulated in fp32."""
         if not self.mxfp4:
             return registry.get("expert_combine")(u, weights, ids, self.w13, self.w2, self.glu)
-        # Packed experts are dequantised one at a time, so full-precision weights never pile up.
-        out = torch.zeros(u.shape[0], self.width, dtype=torch.float32)
-        flat = ids.flatten()
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        token_of = order // ids.shape[1]
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            sel = order[start:start + n]
-            tok = token_of[start:start + n]
-            start += n
-            h = self._mxfp4_linear(u[tok], "w13", e)
-            y = self._mxfp4_linear(self.glu(h[:, : self.inter], h[:, self.inter:]), "w2", e)
-            out.index_add_(0, tok, y.float() * weights.flatten()[sel, None].float())
-        return out
+        # Packed experts stay packed; the op dequantises only the experts this batch hits, a bounded group at once.
+        return registry.get("mxfp4_expert_combine")(u, weights, ids, self.w13_packed, self.w13_scale, self.w2_packed,
+                                                    self.w2_scale, self.glu, act_quant=self.act_quant)
 
 
 class SparseMoE(nn.Module):

@@ -1,6 +1,9 @@
-"""``k3serve route``: the KV-cache-aware router. Only its trace simulator exists so far:
+"""``k3serve route``: the KV-cache-aware router, live or on a trace.
 
+    k3serve route --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002 --port 8000 [--policy kv]
     k3serve route simulate --trace FILE --replicas N --policy kv --cache-blocks 10% [--json] [--compare]
+
+Replicas should run ``k3serve serve ... --kv-events`` (``k3serve serve --replicas N`` does all of it).
 """
 
 from __future__ import annotations
@@ -27,6 +30,19 @@ _TABLE_ROWS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replica", action="append", default=[], metavar="URL",
+                        help="a replica's base URL (repeat for each); replicas should run 'k3serve serve --kv-events'")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind")
+    parser.add_argument("--policy", default="kv", help=f"routing policy: {', '.join(POLICIES)} (default kv)")
+    parser.add_argument("--session-header", default="x-session-id",
+                        help="request header whose value pins a session to a replica (policy 'session')")
+    parser.add_argument("--temperature", type=float, default=0.0, help="kv policy: 0 = argmin; > 0 = softmax")
+    parser.add_argument("--weight", type=float, default=_default(PolicyConfig, "weight"),
+                        help="kv policy: cost per prefill block relative to a decode block (default %(default)s)")
+    parser.add_argument("--cache-weight", type=float, default=_default(PolicyConfig, "cache_weight"),
+                        help="kv policy: cost per block newly written into a replica's cache (default %(default)s)")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="route_command", metavar="SUBCOMMAND")
     p = sub.add_parser("simulate", help="replay a Mooncake-format trace through the routing policies",
                        description="Replay a Mooncake-format trace (timestamps, lengths, 512-token hash_ids) "
@@ -64,15 +80,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="multiply arrival times (0.5 = twice the request rate; default 1)")
 
 
+def _run_live(args: argparse.Namespace) -> int:
+    from k3serve.router.proxy import RouterConfig, serve
+
+    if not args.replica:
+        print("k3serve route: give at least one --replica URL (or use 'k3serve route simulate')", file=sys.stderr)
+        return 2
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    config = RouterConfig(replicas=tuple(args.replica), policy=args.policy, session_header=args.session_header,
+                          temperature=args.temperature, weight=args.weight, cache_weight=args.cache_weight)
+    print(f"k3serve: routing ({config.policy}) over {len(config.replicas)} replicas on "
+          f"http://{args.host}:{args.port}", flush=True)
+    serve(config, args.host, args.port, args.log_level)
+    return 0
+
+
 def _default(cls: type, name: str) -> object:
     return cls.__dataclass_fields__[name].default
 
 
 def run(args: argparse.Namespace) -> int:
     if args.route_command is None:
-        print("k3serve route: the live router is not implemented yet (try 'k3serve route simulate')",
-              file=sys.stderr)
-        return 2
+        return _run_live(args)
     policies = list(POLICIES) if args.compare else [args.policy]
     for name in policies:
         if name not in POLICIES:

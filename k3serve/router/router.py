@@ -54,6 +54,13 @@ class Router:
         self.index.resync(replica, state)
         self._cached[replica] = self.index.num_blocks(replica)
 
+    def remove_replica(self, replica: int) -> None:
+        """Forget a replica's cache (it died or restarted); its load counters drain as requests end."""
+        if not 0 <= replica < len(self._all):
+            raise ValueError(f"unknown replica {replica}")
+        self.index.remove_replica(replica)
+        self._cached[replica] = 0
+
     def route(
         self,
         request_id: object,

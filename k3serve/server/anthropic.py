@@ -3,8 +3,8 @@ chat request (same renderer, parser, grammar and contract), the result back to A
 
 Mapping: `system` -> system message; `tool_use` / `tool_result` blocks <-> assistant `tool_calls`
 / `tool` messages; `image` (base64 source) -> `image_url` data URL; `tool_choice` auto / any /
-tool / none -> auto / required / named / none; reasoning <-> `thinking` blocks; stop reasons
-end_turn / max_tokens / tool_use / stop_sequence.
+tool / none -> auto / required / named / none (`disable_parallel_tool_use` -> `parallel_tool_calls:
+false`); reasoning <-> `thinking` blocks; stop reasons end_turn / max_tokens / tool_use / stop_sequence.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ class MessagesRequest(BaseModel):
         body: dict[str, Any] = {"model": self.model, "messages": msgs, "max_tokens": self.max_tokens,
                                 "stop": self.stop_sequences, "temperature": self.temperature, "top_p": self.top_p,
                                 "top_k": self.top_k, "tools": tools, "tool_choice": _tool_choice(self.tool_choice)}
+        if isinstance(self.tool_choice, dict) and self.tool_choice.get("disable_parallel_tool_use") is True:
+            body["parallel_tool_calls"] = False
         if self.thinking is not None:
             kind = self.thinking.get("type")
             if kind not in ("enabled", "disabled"):
@@ -138,7 +140,7 @@ def _stop_reason(dec) -> tuple[str, str | None]:
 async def messages_response(state: ServerState, job: ChatJob, model: str) -> dict[str, Any]:
     dec = _decoders(state, job)[0]
     async for _ in run_choices(state.client, new_id("msg-"), job.prompt_ids, job.sampling, [dec],
-                               grammar=job.grammar, logit_bias=job.logit_bias):
+                               grammar=job.grammar, logit_bias=job.logit_bias, images=job.images):
         pass
     msg = dec.message()
     blocks: list[dict[str, Any]] = []
@@ -178,7 +180,8 @@ async def messages_stream(state: ServerState, job: ChatJob, model: str) -> Async
 
     try:
         async for _, deltas, _ in run_choices(state.client, mid, job.prompt_ids, job.sampling, [dec],
-                                              grammar=job.grammar, logit_bias=job.logit_bias):
+                                              grammar=job.grammar, logit_bias=job.logit_bias,
+                                              images=job.images):
             for d in deltas:
                 if isinstance(d, ReasoningDelta):
                     if kind != "thinking":

@@ -26,7 +26,8 @@ from k3serve.server.protocol import ChatCompletionRequest, CompletionRequest, De
 from k3serve.server.state import ServerConfig, ServerState
 
 VERSION = "0.1.0"
-_OPEN_PATHS = ("/health", "/version", "/metrics", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect")
+_OPEN_PATHS = ("/health", "/version", "/metrics", "/kv_events/info", "/openapi.json", "/docs", "/redoc",
+               "/docs/oauth2-redirect")
 
 
 def _load_tokenizer(k3: bool):
@@ -167,6 +168,14 @@ def build_app(config: ServerConfig) -> FastAPI:
             reason = state.client.dead_reason if state.client is not None else "starting"
             raise EngineDead(reason or "starting")
         return Response(status_code=200)
+
+    @app.get("/kv_events/info", summary="Where the engine publishes KV cache events (for a KV-aware router)")
+    async def kv_events_info():
+        info = state.client.ready.kv_events if state.client is not None and state.client.ready else None
+        if info is None:
+            return {"enabled": False}
+        return {"enabled": True, "block_size": info.block_size, "pub_port": info.pub_port,
+                "snapshot_port": info.snapshot_port}
 
     @app.get("/version")
     async def version():

@@ -5,14 +5,14 @@ the grammar. Every bad input raises ValueError (HTTP 400, or 413 beyond the cont
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from k3serve.server.chat import ChatOptions, Prompt
 from k3serve.server.chat.images import K3_PATCH_LIMIT, K25_PATCH_LIMIT, vision_tokens
 from k3serve.server.grammars import check_grammar, json_grammar, tool_call_grammar
-from k3serve.server.media import expand_media_pads, load_images
-from k3serve.server.messages import Sampling
+from k3serve.server.media import engine_images, expand_media_spans, image_parts, load_images
+from k3serve.server.messages import ImageData, Sampling
 from k3serve.server.protocol import ChatCompletionRequest
 from k3serve.server.state import ServerState
 
@@ -30,6 +30,8 @@ class ChatJob:
     logit_bias: dict[int, float]
     top_logprobs: int | None
     include_usage: bool
+    one_call: bool = False  # parallel_tool_calls: false -> at most one tool call
+    images: list[ImageData] = field(default_factory=list)  # preprocessed, for the engine's vision tower
 
 
 def all_tools(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -77,6 +79,9 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
         raise ValueError("parallel_tool_calls: must be a boolean")
     include_usage = req.check_stream_options()
     stop = req.stop_strings()
+    if image_parts(req.messages) and not state.client.ready.supports_images:
+        raise ValueError(f"messages: model {state.config.names[0]!r} takes text only (it has no vision tower); "
+                         "remove the image parts")
     images = await load_images(req.messages, state.config.media)
     tool_choice = req.tool_choice
     if tool_choice is None and req.tools is not None and not isinstance(req.tools, list):
@@ -88,7 +93,7 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
     prompt = fmt.render(req.messages, req.tools if req.tools else None, _renderable(fmt, options, req))
     ids = [int(t) for t in tok.encode_segments(prompt.token_segments())]
     limit = K3_PATCH_LIMIT if fmt.is_k3 else K25_PATCH_LIMIT
-    ids = expand_media_pads(ids, [vision_tokens(w, h, limit) for w, h in options.image_sizes])
+    ids, spans = expand_media_spans(ids, [vision_tokens(w, h, limit) for w, h in options.image_sizes])
     state.check_ids(ids)
     stub = prompt.stub_ids(tok.encode_segments) if state.contract == "kimi" else 0
     tools = all_tools(req)
@@ -97,7 +102,9 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
         check_grammar(grammar)
     sampling = req.to_sampling_params(state.contract, thinking=thinking, prompt_len=len(ids),
                                       max_model_len=state.max_model_len)
+    pixels = await engine_images(images, spans, limit)
     return ChatJob(prompt=prompt, prompt_ids=ids, usage_prompt_tokens=len(ids) - stub, sampling=sampling,
                    n=req.n or 1, stop=stop, tools=tools, grammar=grammar,
                    logit_bias=req.logit_bias_ids(state.contract), top_logprobs=req.logprob_count(),
-                   include_usage=include_usage)
+                   include_usage=include_usage, one_call=req.parallel_tool_calls is False and bool(tools),
+                   images=pixels)

@@ -24,7 +24,7 @@ from k3serve.server.state import ServerState
 def _decoders(state: ServerState, job: ChatJob) -> list[ChoiceDecoder]:
     return [ChoiceDecoder(k, state.tokenizer.decode_bytes, stop=job.stop,
                           parser=state.fmt.new_parser(job.prompt, job.tools or None),
-                          eos_ids=state.client.ready.eos_token_ids) for k in range(job.n)]
+                          eos_ids=state.client.ready.eos_token_ids, one_call=job.one_call) for k in range(job.n)]
 
 
 def _reasoning_tokens(state: ServerState, dec: ChoiceDecoder) -> int:
@@ -42,7 +42,7 @@ async def chat_response(state: ServerState, job: ChatJob, model: str) -> dict[st
     rid, timer = new_id("chatcmpl-"), Timer()
     decs = _decoders(state, job)
     async for _ in run_choices(state.client, rid, job.prompt_ids, job.sampling, decs, grammar=job.grammar,
-                               logit_bias=job.logit_bias):
+                               logit_bias=job.logit_bias, images=job.images):
         timer.mark_first()
     choices = []
     for d in decs:
@@ -73,7 +73,8 @@ async def chat_stream(state: ServerState, job: ChatJob, model: str) -> AsyncIter
         yield frame(k, {"role": "assistant", "content": ""})
     try:
         async for k, deltas, lps in run_choices(state.client, rid, job.prompt_ids, job.sampling, decs,
-                                                grammar=job.grammar, logit_bias=job.logit_bias):
+                                                grammar=job.grammar, logit_bias=job.logit_bias,
+                                                images=job.images):
             timer.mark_first()
             pending = {"content": decs[k].logprobs_content(job.top_logprobs, lps)} if (
                 job.top_logprobs is not None and lps) else None

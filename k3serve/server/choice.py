@@ -1,17 +1,22 @@
-"""One generated sequence on its way back to the client: engine token ids -> text (stop strings
-applied) -> parser deltas, plus its logprobs and finish reason.
+"""One generated sequence on its way back to the client: engine token ids -> text -> parser deltas
+(chat) or raw text (completions), plus its logprobs and finish reason.
 
-`ChoiceDecoder.push(output)` returns the new deltas of one engine step; `done` tells when the
-choice ended (engine finish or a stop string, after which the engine request is aborted).
+Stop strings: a completion matches them on the raw text (the detokenizer); a chat answer on its
+user-visible content only, after the parser (`chat.cutoffs`), so reasoning and tool-call markup never
+stop it. `ChoiceDecoder.push(output)` returns the new deltas of one engine step; `done` tells when the
+choice ended (engine finish, a stop string, or the single tool call of `parallel_tool_calls: false`;
+the caller then closes the engine stream, which aborts the request).
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from k3serve.engine.detokenizer import IncrementalDetokenizer
-from k3serve.server.chat.parsers import ContentDelta, Delta, ParsedMessage, StreamParser, collect
+from k3serve.server.chat.cutoffs import Cutoff
+from k3serve.server.chat.parsers import ContentDelta, Delta, ParsedMessage, StreamParser, ToolCallStart, collect
 from k3serve.server.messages import Output
 
 
@@ -21,54 +26,94 @@ def token_str(decode_bytes: Callable[[list[int]], bytes], token_id: int) -> tupl
 
 
 class ChoiceDecoder:
-    """`parser` None = raw text (completions); `skip_ids` are dropped before decoding."""
+    """`parser` None = raw text (completions, `stop` on the raw text); with a parser, `stop` applies
+    to content and `one_call` keeps at most one tool call. `skip_ids` are dropped before decoding."""
 
     def __init__(self, index: int, decode_bytes: Callable[[list[int]], bytes], *, stop: Sequence[str] = (),
                  parser: StreamParser | None = None, skip_ids: frozenset[int] = frozenset(),
-                 eos_ids: Sequence[int] = ()):
+                 eos_ids: Sequence[int] = (), one_call: bool = False):
         self.index = index
         self._decode_bytes = decode_bytes
-        self._detok = IncrementalDetokenizer(decode_bytes, stop, False, skip_ids)
         self.parser = parser
+        if parser is None:
+            self._detok: IncrementalDetokenizer | None = IncrementalDetokenizer(decode_bytes, stop, False, skip_ids)
+            self._cut = None
+        else:
+            self._detok = None
+            self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            cut = Cutoff(stop, one_call=one_call)
+            self._cut = cut if cut.active else None
         self._eos = frozenset(eos_ids)
         self.deltas: list[Delta] = []
-        self.text = ""
+        self._pieces: list[str] = []
         self.num_tokens = 0
         self.num_prompt_tokens = 0
         self.num_cached_tokens = 0
+        self.num_calls = 0
         self.logprobs: list[tuple[int, dict[int, float]]] = []
         self.finish_reason: str | None = None
         self.done = False
 
+    @property
+    def text(self) -> str:
+        """The raw text so far (completions)."""
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
+
     def push(self, out: Output) -> tuple[list[Delta] | str, list[tuple[int, dict[int, float]]]]:
         """New deltas (or raw text without a parser) and the logprobs of this step's tokens."""
-        ids = list(out.token_ids)
+        ids = out.token_ids
         self.num_tokens += len(ids)
         self.num_prompt_tokens = out.num_prompt_tokens or self.num_prompt_tokens
         self.num_cached_tokens = out.num_cached_tokens
         lps = list(zip(ids, out.logprobs)) if out.logprobs else []
-        self.logprobs += lps
+        if lps:
+            self.logprobs += lps
         # the stop token is consumed as the stop, never shown (chat_format_examples.md §9)
-        if out.finished and out.finish_reason == "stop" and ids and ids[-1] in self._eos | {out.stop_reason}:
+        if out.finished and out.finish_reason == "stop" and ids and (ids[-1] in self._eos or
+                                                                     ids[-1] == out.stop_reason):
             ids = ids[:-1]
-        text = self._detok.push(ids)
-        if self._detok.stopped_on is not None:
+        if self.parser is None:
+            return self._push_text(out, ids), lps
+        return self._push_chat(out, ids), lps
+
+    def _push_text(self, out: Output, ids: Sequence[int]) -> str:
+        detok = self._detok
+        text = detok.push(ids)
+        if detok.stopped_on is not None:
             self.finish_reason, self.done = "stop", True
         elif out.finished:
-            text += self._detok.flush()
+            text += detok.flush()
             self.finish_reason, self.done = out.finish_reason or "stop", True
-        self.text += text
-        if self.parser is None:
-            return text, lps
-        deltas = self.parser.feed(text) if text else []
-        if self.done:
-            deltas += self.parser.finish()
+        if text:
+            self._pieces.append(text)
+        return text
+
+    def _push_chat(self, out: Output, ids: Sequence[int]) -> list[Delta]:
+        parser = self.parser
+        text = self._utf8.decode(self._decode_bytes(ids) if ids else b"", final=out.finished)
+        deltas = parser.feed(text) if text else []
+        if out.finished:
+            deltas += parser.finish()
+        cut = self._cut
+        if cut is not None:
+            deltas = cut.push(deltas, parser.calls_finished)
+            if cut.done:
+                self.finish_reason, self.done = "stop", True
+            elif out.finished:
+                deltas += cut.flush()
+        if out.finished and not self.done:
+            self.finish_reason, self.done = out.finish_reason or "stop", True
+        for d in deltas:
+            if type(d) is ToolCallStart:
+                self.num_calls += 1
         self.deltas += deltas
-        return deltas, lps
+        return deltas
 
     @property
     def stopped_on(self) -> str | None:
-        return self._detok.stopped_on
+        return self._detok.stopped_on if self._detok is not None else self._cut and self._cut.stopped_on
 
     def message(self) -> ParsedMessage:
         return collect(self.deltas)
@@ -77,7 +122,7 @@ class ChoiceDecoder:
         """`tool_calls` whenever calls were parsed and generation was not cut (K2VV/KVV rule)."""
         if self.finish_reason == "length":
             return "length"
-        if self.parser is not None and self.parser.calls_started:
+        if self.num_calls:
             return "tool_calls"
         return "stop" if self.finish_reason in (None, "stop", "abort") else self.finish_reason
 

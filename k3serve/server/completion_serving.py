@@ -43,7 +43,7 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Completion
         ids = [int(t) for t in state.tokenizer.encode(item)] if isinstance(item, str) else list(item)
         state.check_ids(ids)
         prompts.append(ids)
-        texts.append(item if isinstance(item, str) else state.tokenizer.decode(ids))
+        texts.append(item if isinstance(item, str) else state.tokenizer.decode(ids) if req.echo else "")
     include_usage = req.check_stream_options()
     samplings = [req.to_sampling_params(state.contract, prompt_len=len(ids), max_model_len=state.max_model_len)
                  for ids in prompts]
@@ -72,12 +72,13 @@ def _logprobs(state: ServerState, dec: ChoiceDecoder, top: int, items=None, offs
 
 async def completion_response(state: ServerState, job: CompletionJob, model: str) -> dict[str, Any]:
     rid, timer = new_id("cmpl-"), Timer()
-    choices, n_prompt, n_out = [], 0, 0
+    choices, n_prompt, n_out, n_cached = [], 0, 0, 0
     for i, (ids, sampling) in enumerate(zip(job.prompts, job.samplings)):
         decs = _decoders(state, job)
         async for _ in run_choices(state.client, f"{rid}-{i}", ids, sampling, decs, logit_bias=job.logit_bias):
             timer.mark_first()
         n_prompt += len(ids)
+        n_cached += max((d.num_cached_tokens for d in decs), default=0)
         for d in decs:
             n_out += d.num_tokens
             choices.append({"index": i * job.n + d.index, "text": (job.texts[i] if job.echo else "") + d.text,
@@ -85,12 +86,12 @@ async def completion_response(state: ServerState, job: CompletionJob, model: str
                             "finish_reason": d.final_finish_reason()})
         state.metrics.finished(timer, len(ids), decs)
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(n_prompt, n_out)}
+            "choices": choices, "usage": usage(n_prompt, n_out, cached=n_cached)}
 
 
 async def completion_stream(state: ServerState, job: CompletionJob, model: str) -> AsyncIterator[bytes]:
     rid, created, timer = new_id("cmpl-"), int(time.time()), Timer()
-    n_prompt = n_out = 0
+    n_prompt = n_out = n_cached = 0
 
     def frame(index: int, text: str, finish: str | None = None, logprobs: Any = None) -> bytes:
         return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
@@ -113,6 +114,7 @@ async def completion_stream(state: ServerState, job: CompletionJob, model: str) 
                 if decs[k].done:
                     n_out += decs[k].num_tokens
                     yield frame(i * job.n + k, "", decs[k].final_finish_reason())
+            n_cached += max((d.num_cached_tokens for d in decs), default=0)
             state.metrics.finished(timer, len(ids), decs)
     except (ValueError, EngineDead) as e:
         status = 503 if isinstance(e, EngineDead) else 400
@@ -121,5 +123,5 @@ async def completion_stream(state: ServerState, job: CompletionJob, model: str) 
         return
     if job.include_usage:
         yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                   "usage": usage(n_prompt, n_out)})
+                   "usage": usage(n_prompt, n_out, cached=n_cached)})
     yield SSE_DONE

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 import zmq
@@ -25,6 +25,7 @@ from k3serve.server.messages import (
     AbortRequest,
     AddRequest,
     Fatal,
+    ImageData,
     Output,
     Outputs,
     Ready,
@@ -158,10 +159,11 @@ class EngineClient:
                              f"(--max-queued-requests {self.max_queued_requests})")
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: Sampling, *,
-                       grammar: str | None = None, logit_bias: dict[int, float] | None = None
-                       ) -> AsyncIterator[Output]:
+                       grammar: str | None = None, logit_bias: dict[int, float] | None = None,
+                       images: Sequence[ImageData] = ()) -> AsyncIterator[Output]:
         """Yield the request's step outputs until it finishes; leaving early aborts it in the engine.
-        Raises EngineDead, or ValueError when the engine refuses the request."""
+        ``images`` fill the prompt's media placeholder spans. Raises EngineDead, or ValueError when the
+        engine refuses the request."""
         self.check_admission()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
@@ -170,7 +172,7 @@ class EngineClient:
         finished = False
         try:
             await self._push.send(encode(AddRequest(request_id, list(prompt_token_ids), sampling, grammar,
-                                                    dict(logit_bias or {}))))
+                                                    dict(logit_bias or {}), list(images))))
             while not finished:
                 item = await q.get()
                 if isinstance(item, Exception):

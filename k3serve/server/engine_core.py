@@ -21,6 +21,7 @@ from k3serve.server.messages import (
     AbortRequest,
     AddRequest,
     Fatal,
+    ImageData,
     Output,
     Outputs,
     Ready,
@@ -46,6 +47,30 @@ class CoreSpec(msgspec.Struct, frozen=True):
     enable_prefix_caching: bool = True
     device: str = "cpu"
     seed: int = 0
+    kv_events_host: str | None = None  # publish KV cache events (engine/kv_events.py) on this host; None: off
+
+
+_PIXEL_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def image_input(d: ImageData):
+    """An engine ``ImageInput`` from the wire form (the pixel bytes are copied once into a tensor)."""
+    import torch
+
+    from k3serve.engine.multimodal import ImageInput
+
+    if d.dtype not in _PIXEL_DTYPES:
+        raise ValueError(f"images: pixel dtype must be one of {', '.join(_PIXEL_DTYPES)}, got {d.dtype!r}")
+    dtype = getattr(torch, d.dtype)
+    count = 1
+    for x in d.shape:
+        count *= x
+    if min(d.shape, default=0) < 1 or count * dtype.itemsize != len(d.pixels):
+        raise ValueError(f"images: {len(d.pixels)} pixel bytes do not fill shape {d.shape} of {d.dtype}")
+    if len(d.grid_thw) != 3:
+        raise ValueError(f"images: grid_thw must be [t, h, w], got {d.grid_thw}")
+    pixels = torch.frombuffer(bytearray(d.pixels), dtype=dtype).reshape(d.shape)
+    return ImageInput(d.offset, d.length, pixel_patches=pixels, grid_thw=tuple(d.grid_thw))
 
 
 def _stats(engine) -> Stats:
@@ -67,7 +92,7 @@ class EngineCore:
         from k3serve.engine.engine import LLMEngine
         from k3serve.engine.llm import parse_dtype
         from k3serve.server.grammars import MIN_VOCAB
-        from k3serve.server.guided import GuidedDecoding, GuidedModelRunner
+        from k3serve.server.guided import GuidedDecoding
 
         torch.manual_seed(spec.seed)
         torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -80,27 +105,32 @@ class EngineCore:
         eos = self.engine.eos_token_ids
         self.guide = GuidedDecoding(self.engine.vocab_size, eos[0] if eos else 0,
                                     enabled=self.engine.vocab_size >= MIN_VOCAB)
-        self.engine.runner = GuidedModelRunner(self.engine.runner, self.guide)
+        self.kv_events = None
+        if spec.kv_events_host is not None:
+            from k3serve.engine.kv_events import KVEventPublisher
+
+            self.kv_events = KVEventPublisher(self.engine, spec.kv_events_host)
 
     def ready(self) -> Ready:
         mc = self.engine.model_config
         return Ready(model_type=mc.model_type, vocab_size=self.engine.vocab_size,
                      max_model_len=self.engine.max_model_len, eos_token_ids=list(self.engine.eos_token_ids),
-                     media_placeholder_token_id=mc.media_placeholder_token_id, stats=_stats(self.engine))
+                     media_placeholder_token_id=mc.media_placeholder_token_id, stats=_stats(self.engine),
+                     kv_events=self.kv_events.info if self.kv_events is not None else None,
+                     supports_images=self.engine.supports_images)
 
     def handle(self, msg) -> list[Output]:
         if isinstance(msg, AddRequest):
             try:
-                self.guide.add(msg.request_id, msg.grammar, dict(msg.logit_bias))
-                self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling.to_params())
+                proc = self.guide.processor(msg.grammar, dict(msg.logit_bias), msg.request_id)
+                self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling.to_params(),
+                                        images=[image_input(d) for d in msg.images], logits_processor=proc)
             except (ValueError, TypeError) as e:
-                self.guide.remove(msg.request_id)
                 return [Output(msg.request_id, [], finished=True, finish_reason="error", error=str(e))]
             return []
         if isinstance(msg, AbortRequest):
             for rid in msg.request_ids:
                 self.engine.abort_request(rid)
-                self.guide.remove(rid)
         return []
 
     def step(self) -> list[Output]:
@@ -111,15 +141,12 @@ class EngineCore:
             ids = list(self.engine.scheduler.requests)
             for rid in ids:
                 self.engine.abort_request(rid)
-                self.guide.remove(rid)
             return [Output(rid, [], finished=True, finish_reason="error", error=f"engine step failed: {e}")
                     for rid in ids]
         items = []
         for o in outs:
             n = len(o.delta_token_ids)
             lps = o.logprobs[-n:] if o.logprobs is not None and n else None
-            if o.finished:
-                self.guide.remove(o.request_id)
             stop = o.stop_reason if isinstance(o.stop_reason, int) else None
             items.append(Output(o.request_id, list(o.delta_token_ids), finished=o.finished,
                                 finish_reason=o.finish_reason, stop_reason=stop, logprobs=lps,
@@ -149,7 +176,7 @@ def serve(spec: CoreSpec) -> int:
         while True:
             busy = engine.has_unfinished_requests()
             outputs: list[Output] = []
-            if pull.poll(0 if busy else int(HEARTBEAT_S * 1000)):
+            if _poll(pull, core.kv_events, 0 if busy else int(HEARTBEAT_S * 1000)):
                 while True:
                     try:
                         raw = pull.recv(zmq.NOBLOCK)
@@ -161,6 +188,8 @@ def serve(spec: CoreSpec) -> int:
                     outputs += core.handle(msg)
             if engine.has_unfinished_requests():
                 outputs += core.step()
+            if core.kv_events is not None:
+                core.kv_events.pump()
             now = time.monotonic()
             if outputs or now - last_beat >= HEARTBEAT_S:
                 push.send(encode(Outputs(outputs, _stats(engine))))
@@ -168,9 +197,21 @@ def serve(spec: CoreSpec) -> int:
                 if os.getppid() != parent:  # the server is gone: do not linger as an orphan
                     return 0
     finally:
+        if core.kv_events is not None:
+            core.kv_events.close()
         pull.close(0)
         push.close(0)
         ctx.term()
+
+
+def _poll(pull, kv_events, timeout_ms: int) -> bool:
+    """Wait for server messages (True when some are there); a KV state request also ends the wait."""
+    if kv_events is None:
+        return bool(pull.poll(timeout_ms))
+    poller = zmq.Poller()
+    poller.register(pull, zmq.POLLIN)
+    poller.register(kv_events.requests, zmq.POLLIN)
+    return pull in dict(poller.poll(timeout_ms))
 
 
 def main(argv: list[str]) -> int:

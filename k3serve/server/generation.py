@@ -38,20 +38,39 @@ def choice_sampling(sampling: Sampling, k: int, n: int) -> Sampling:
 
 async def run_choices(client, request_id: str, prompt_ids: list[int], sampling: Sampling,
                       decoders: Sequence[ChoiceDecoder], *, grammar: str | None = None,
-                      logit_bias: dict[int, float] | None = None) -> AsyncIterator[tuple[int, Any, list]]:
+                      logit_bias: dict[int, float] | None = None,
+                      images: Sequence[Any] = ()) -> AsyncIterator[tuple[int, Any, list]]:
     """Yield `(choice index, deltas or text, logprobs)` per engine step of any choice."""
     n = len(decoders)
+    media = {"images": images} if images else {}  # only image requests pass the keyword
+    if n == 1:
+        # one choice (the common case): read its stream here, without a merging task and queue,
+        # which would cost two more task switches per token
+        dec = decoders[0]
+        stream = client.generate(f"{request_id}-0", prompt_ids, sampling, grammar=grammar, logit_bias=logit_bias,
+                                 **media)
+        async with contextlib.aclosing(stream):  # see `one` below
+            async for out in stream:
+                items, lps = dec.push(out)
+                yield 0, items, lps
+                if dec.done:
+                    break
+        return
     q: asyncio.Queue = asyncio.Queue()
 
     async def one(k: int) -> None:
         dec = decoders[k]
+        stream = client.generate(f"{request_id}-{k}", prompt_ids, choice_sampling(sampling, k, n),
+                                 grammar=grammar, logit_bias=logit_bias, **media)
         try:
-            async for out in client.generate(f"{request_id}-{k}", prompt_ids, choice_sampling(sampling, k, n),
-                                             grammar=grammar, logit_bias=logit_bias):
-                items, lps = dec.push(out)
-                q.put_nowait((k, items, lps))
-                if dec.done:
-                    break  # a stop string ended it: closing the stream aborts the engine request
+            # aclosing: leaving early (a stop string, the one call of parallel_tool_calls=false)
+            # closes the stream now, which aborts the engine request at once, not at garbage collection
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    items, lps = dec.push(out)
+                    q.put_nowait((k, items, lps))
+                    if dec.done:
+                        break
         except Exception as e:  # noqa: BLE001 - re-raised in the consumer
             q.put_nowait((k, e, None))
         finally:

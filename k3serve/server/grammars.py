@@ -11,6 +11,7 @@ written by id (`<[163588]>`), which is independent of the K2/K3 special-token na
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -102,8 +103,15 @@ def tool_call_grammar(fmt: ChatFormat, prompt: Prompt, tools: Sequence[Mapping[s
 
 def check_grammar(grammar: str) -> None:
     """Reject grammars llguidance cannot compile (e.g. an unsupported schema keyword) as bad input."""
+    error = _grammar_error(grammar)
+    if error is not None:
+        raise ValueError(f"the schema cannot be enforced: {error}")
+
+
+@functools.lru_cache(maxsize=512)
+def _grammar_error(grammar: str) -> str | None:
+    # cached: validation takes ~1-2 ms on the event loop, and clients repeat the same schema / tool set
     import llguidance
 
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    if is_error:
-        raise ValueError(f"the schema cannot be enforced: {messages[0] if messages else 'invalid grammar'}")
+    return (messages[0] if messages else "invalid grammar") if is_error else None

@@ -4,10 +4,13 @@ Base64 `data:` URLs are decoded locally. Remote URLs are refused unless their ho
 `--allowed-media-domains` (then fetched with a timeout and a size cap). Each image is opened with
 Pillow (bad data is a 400), counted against `--limit-images`, and reported by its original
 width x height, which the K3 renderer writes into the prompt and which sets its vision-token count.
+`engine_images` then preprocesses each image (`models.vision_preprocess`: resize, pad, normalise,
+patchify) into an `ImageData` message, raw float32 pixel bytes + shape + grid, for the engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
@@ -17,6 +20,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from PIL import Image, UnidentifiedImageError
+
+from k3serve.server.messages import ImageData
 
 MEDIA_PAD_ID = 163605
 
@@ -109,16 +114,44 @@ async def load_images(messages: Sequence[Any], limits: MediaLimits) -> list[Imag
 def expand_media_pads(ids: Sequence[int], counts: Sequence[int], pad_id: int = MEDIA_PAD_ID) -> list[int]:
     """Replace the k-th pad id with counts[k] copies (user text cannot contain the pad id: it is
     encoded with special tokens disallowed)."""
+    return expand_media_spans(ids, counts, pad_id)[0]
+
+
+def expand_media_spans(ids: Sequence[int], counts: Sequence[int],
+                       pad_id: int = MEDIA_PAD_ID) -> tuple[list[int], list[tuple[int, int]]]:
+    """`expand_media_pads`, plus each image's `(offset, length)` in the expanded ids."""
     out: list[int] = []
-    k = 0
+    spans: list[tuple[int, int]] = []
     for t in ids:
         if t == pad_id:
-            if k >= len(counts):
+            if len(spans) >= len(counts):
                 raise ValueError("the prompt holds more image placeholders than images")
-            out += [pad_id] * counts[k]
-            k += 1
+            n = counts[len(spans)]
+            spans.append((len(out), n))
+            out += [pad_id] * n
         else:
             out.append(t)
-    if k != len(counts):
+    if len(spans) != len(counts):
         raise ValueError("the prompt holds fewer image placeholders than images")
-    return out
+    return out, spans
+
+
+def _image_data(image: Image.Image, span: tuple[int, int], k: int, patch_limit: int) -> ImageData:
+    from k3serve.models.vision_preprocess import MediaProcConfig, preprocess_image
+
+    pre = preprocess_image(image, MediaProcConfig(in_patch_limit=patch_limit))
+    if pre.num_tokens != span[1]:  # the renderer's count and the preprocessor's must agree
+        raise ValueError(f"image {k}: {pre.num_tokens} vision tokens after preprocessing, {span[1]} in the prompt")
+    px = pre.pixel_patches.contiguous()
+    return ImageData(offset=span[0], length=span[1], pixels=px.numpy().tobytes(), shape=list(px.shape),
+                     dtype="float32", grid_thw=[int(x) for x in pre.grid_thw[0]])
+
+
+async def engine_images(images: Sequence[Image.Image], spans: Sequence[tuple[int, int]],
+                        patch_limit: int) -> list[ImageData]:
+    """Preprocess each image for the vision tower (in a worker thread: resizing is CPU work) into the
+    typed message the engine takes; `spans` are the images' placeholder runs in the prompt."""
+    if not images:
+        return []
+    return await asyncio.to_thread(
+        lambda: [_image_data(im, span, k, patch_limit) for k, (im, span) in enumerate(zip(images, spans))])

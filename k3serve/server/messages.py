@@ -5,13 +5,15 @@ One tagged union per direction; nothing else crosses the ZMQ sockets (no pickle)
     server -> engine   ``ToEngine``   = AddRequest | AbortRequest | Shutdown
     engine -> server   ``FromEngine`` = Ready | Outputs | Fatal
 
-Token ids travel, text does not: the server tokenizes and detokenizes.
+Token ids travel, text does not: the server tokenizes and detokenizes. Images travel preprocessed, as raw
+pixel bytes with their shape and dtype (``ImageData``).
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from k3serve.engine.kv_events import KVEventsInfo
 from k3serve.engine.sampling_params import SamplingParams
 
 
@@ -41,12 +43,26 @@ class Sampling(msgspec.Struct, frozen=True):
         return SamplingParams(**{f: getattr(self, f) for f in self.__struct_fields__})
 
 
+class ImageData(msgspec.Struct, frozen=True):
+    """One preprocessed image filling the prompt positions ``[offset, offset + length)`` (media placeholder
+    ids): ``pixels`` are the raw bytes of ``pixel_patches [t*h*w, 3, P, P]`` (C order, ``dtype`` one of
+    float32 / float16 / bfloat16), ``grid_thw = [t, h, w]``."""
+
+    offset: int
+    length: int
+    pixels: bytes
+    shape: list[int]
+    dtype: str
+    grid_thw: list[int]
+
+
 class AddRequest(msgspec.Struct, tag="add", frozen=True):
     request_id: str
     prompt_token_ids: list[int]
     sampling: Sampling
     grammar: str | None = None  # an llguidance grammar (Lark text); the engine masks logits with it
     logit_bias: dict[int, float] = {}
+    images: list[ImageData] = []
 
 
 class AbortRequest(msgspec.Struct, tag="abort", frozen=True):
@@ -87,6 +103,8 @@ class Ready(msgspec.Struct, tag="ready", frozen=True):
     eos_token_ids: list[int]
     media_placeholder_token_id: int | None
     stats: Stats
+    kv_events: KVEventsInfo | None = None  # where the engine publishes KV cache events (None: off)
+    supports_images: bool = False  # the model has a vision tower
 
 
 class Output(msgspec.Struct, frozen=True):

@@ -126,3 +126,31 @@ def test_stop_string_through_the_engine(llm):
     out = llm.generate([[7, 8, 9]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop]))[0]
     assert out.text == full.text[:cut] and out.finish_reason == "stop" and out.outputs[0].stop_reason == stop
     assert len(out.token_ids) < len(full.token_ids)
+
+
+def test_async_n_samples(llm):
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6, ignore_eos=True)
+
+    async def main():
+        engine = AsyncLLM(llm.engine)
+        try:
+            deltas = [o async for o in engine.generate([5, 6, 7], params, request_id="g")]
+            got = 0
+            async for _ in engine.generate([5, 6, 7], SamplingParams(n=2, max_tokens=50, ignore_eos=True)):
+                got += 1
+                if got == 3:
+                    break  # closing aborts both samples
+            for _ in range(100):
+                if engine.stats().num_running == 0:
+                    break
+                await asyncio.sleep(0.02)
+            return deltas, engine.stats()
+        finally:
+            engine.shutdown()
+
+    deltas, stats = asyncio.run(main())
+    final = {d.index: d.token_ids for d in deltas if d.finished}
+    assert sorted(final) == [0, 1, 2] and sum(d.finished for d in deltas) == 3
+    assert [final[k] for k in range(3)] == [o.token_ids for o in llm.generate([[5, 6, 7]], params)[0].outputs]
+    assert len(set(map(tuple, final.values()))) > 1  # distinct derived seeds
+    assert stats.num_running == 0 and stats.num_blocks_used == 0

@@ -60,10 +60,22 @@ def test_bad_input_is_one_line_and_nonzero(capsys, tiny_trace, argv, needle):
     assert "Traceback" not in err
 
 
-def test_live_router_is_not_faked(capsys):
+def test_live_router_needs_replicas(capsys):
     rc, out, err = run(capsys, "route")
     assert rc == 2 and out == ""
-    assert err.strip().splitlines() == [err.strip()] and "not implemented" in err
+    assert err.strip().splitlines() == [err.strip()] and "--replica" in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--replica", "127.0.0.1:8001"], "http(s) URL"),
+    (["--replica", "http://a:1", "--replica", "http://a:1"], "twice"),
+    (["--replica", "http://a:1", "--policy", "fastest"], "--policy"),
+    (["--replica", "http://a:1", "--port", "0"], "--port"),
+])
+def test_live_router_bad_flags_are_one_line(capsys, argv, needle):
+    rc, out, err = run(capsys, "route", *argv)
+    assert rc != 0 and out == "" and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and needle in err
 
 
 @pytest.mark.skipif(not SYNTHETIC.is_file(), reason="shared Mooncake trace not present")

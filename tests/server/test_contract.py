@@ -3,6 +3,8 @@ OpenAI error object), the fixed sampling parameters of the kimi contract, auth, 
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -176,3 +178,24 @@ def test_completions_endpoint(openai_server):
     assert [c["index"] for c in r2.json()["choices"]] == [0, 1]
     assert s.post("/v1/completions", {"model": MODEL, "prompt": [], "max_tokens": 2}).status_code == 400
     assert s.post("/v1/completions", {"model": MODEL, "prompt": [10**9], "max_tokens": 2}).status_code == 400
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_report_cached_tokens(openai_server, stream):
+    s = openai_server
+    prompt = list(range(1000 + 500 * stream, 1100 + 500 * stream))  # its own prompt per case: cold at first
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+
+    def cached() -> int:
+        r = s.post("/v1/completions", body)
+        assert r.status_code == 200, r.text
+        if not stream:
+            return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        frames = [json.loads(line[6:]) for line in r.text.splitlines()
+                  if line.startswith("data: {")]
+        return frames[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached() == 0
+    assert cached() >= 64  # the whole blocks of the first run's prompt

@@ -121,16 +121,35 @@ def test_seed_reproducible(server):
     assert run(11) != run(12)
 
 
-def test_stop_string(openai_server):
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string(openai_server, stream):
     c = client(openai_server)
-    full = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=8, temperature=0,
-                                     extra_body=NO_THINK).choices[0].message.content
+    kw = dict(model=MODEL, messages=USER, max_tokens=8, temperature=0, extra_body=NO_THINK)
+    full = c.chat.completions.create(**kw).choices[0].message.content
     assert len(full) > 4
     stop = full[len(full) // 2:len(full) // 2 + 2]
-    r = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=8, temperature=0, stop=[stop],
-                                  extra_body=NO_THINK)
-    assert r.choices[0].finish_reason == "stop"
-    assert r.choices[0].message.content == full[:full.index(stop)]
+    if stream:
+        got = collect_stream(c.chat.completions.create(stream=True, stop=[stop], **kw))
+        content, finish = got["content"], got["finish"]
+        # no frame ends with the start of the stop string: it is held until it cannot be one
+        assert not any((f.choices[0].delta.content or "").endswith(stop[0]) for f in got["frames"] if f.choices)
+    else:
+        r = c.chat.completions.create(stop=[stop], **kw)
+        content, finish = r.choices[0].message.content, r.choices[0].finish_reason
+    assert finish == "stop"
+    assert content == full[:full.index(stop)]
+
+
+def test_stop_string_in_reasoning_does_not_stop(openai_server):
+    """Stop strings apply to content only (frontend.md §4.2): the random model's 8 tokens stay in the
+    think channel, so a stop string taken from them leaves the answer unchanged."""
+    c = client(openai_server)
+    kw = dict(model=MODEL, messages=USER, max_tokens=8, temperature=0, extra_body={"thinking": {"type": "enabled"}})
+    full = c.chat.completions.create(**kw).choices[0]
+    reasoning = full.message.model_extra.get("reasoning_content") or ""
+    assert len(reasoning) > 4 and full.finish_reason == "length"
+    r = c.chat.completions.create(stop=[reasoning[2:5]], **kw).choices[0]
+    assert r.message.model_extra.get("reasoning_content") == reasoning and r.finish_reason == "length"
 
 
 @pytest.mark.parametrize("stream", [False, True])

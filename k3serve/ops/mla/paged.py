@@ -12,6 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# Gathered latents per decode chunk (elements; 1 MiB of fp32): small enough to stay in a core's L2 cache.
+DECODE_CHUNK_ELEMENTS = 1 << 18
+
 
 def write_latents(cache: torch.Tensor, slot_mapping: torch.Tensor, latents: torch.Tensor) -> None:
     """Store new tokens' latents ``[N, C + R]`` at flat cache slots ``[N]``."""
@@ -45,22 +48,59 @@ def mla_prefill(q: torch.Tensor, latents: torch.Tensor, kv_b: torch.Tensor, *, n
     return o.transpose(0, 1)
 
 
+def decode_workspace_numel(max_context_len: int, block_size: int, width: int) -> int:
+    """Elements of the ``workspace`` that ``mla_decode_absorbed`` uses for contexts up to ``max_context_len``."""
+    return max(DECODE_CHUNK_ELEMENTS, -(-max_context_len // block_size) * block_size * width)
+
+
 def mla_decode_absorbed(q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor,
                         context_lens: torch.Tensor, kv_b: torch.Tensor, *, nope_dim: int, v_dim: int,
-                        scale: float) -> torch.Tensor:
-    """One new token per sequence: q ``[B, H, Dn + R]`` -> ``[B, H, Dv]`` (fp32 scores and softmax)."""
+                        scale: float, workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """One new token per sequence: q ``[B, H, Dn + R]`` -> ``[B, H, Dv]`` (fp32 scores and softmax).
+
+    ``workspace``: optional flat buffer in the cache's dtype for the gathered latents, used when it has at
+    least ``decode_workspace_numel(max(context_lens), block_size, C + R)`` elements."""
     B, H, _ = q.shape
     C = kv_b.shape[1]
-    bs = cache.shape[1]
-    max_len = int(context_lens.max())
-    nblk = (max_len + bs - 1) // bs
-    idx = block_tables[:, :nblk].clamp(min=0).reshape(-1)
-    lat = cache.index_select(0, idx).reshape(B, nblk * bs, -1)[:, :max_len].float()
+    bs, width = cache.shape[1], cache.shape[2]
     w = kv_b.float().view(H, nope_dim + v_dim, C)
-    q_lat = torch.einsum("bhn,hnc->bhc", q[..., :nope_dim].float(), w[:, :nope_dim])
-    scores = torch.einsum("bhc,blc->bhl", q_lat, lat[..., :C])
-    scores += torch.einsum("bhr,blr->bhl", q[..., nope_dim:].float(), lat[..., C:])
-    valid = torch.arange(max_len)[None, :] < context_lens[:, None]
-    scores = (scores * scale).masked_fill(~valid[:, None, :], float("-inf"))
-    o_lat = torch.einsum("bhl,blc->bhc", torch.softmax(scores, dim=-1), lat[..., :C])
-    return torch.einsum("bhc,hvc->bhv", o_lat, w[:, nope_dim:]).to(q.dtype)
+    qf = q.float()
+    # Absorb W_UK into q and fold in the softmax scale: q_cat = [W_UK^T q_nope | q_rot] · scale, [B, H, C + R].
+    q_cat = torch.empty(B, H, width, dtype=torch.float32, device=q.device)
+    torch.bmm(qf[..., :nope_dim].transpose(0, 1), w[:, :nope_dim], out=q_cat[..., :C].transpose(0, 1))
+    q_cat[..., C:] = qf[..., nope_dim:]
+    q_cat.mul_(scale)
+    lens = context_lens.tolist()
+    blocks = [-(-n // bs) for n in lens]
+    need = decode_workspace_numel(max(lens), bs, width)
+    if workspace is None or workspace.numel() < need or workspace.dtype != cache.dtype:
+        workspace = torch.empty(need, dtype=cache.dtype, device=cache.device)
+    # Sequences go in chunks of similar length (sorted), each gathered into the same small buffer: the gathered
+    # latents then stay in cache for both bmm (scores against the full C + R rows, values against the first C),
+    # so the latents cross memory once, and each chunk is padded only to its own longest context.
+    order = sorted(range(B), key=blocks.__getitem__)
+    o_lat = torch.empty(B, H, C, dtype=torch.float32, device=q.device)
+    positions = torch.arange(max(blocks) * bs, device=q.device)
+    lens_t = context_lens.to(q.device)
+    i = 0
+    while i < B:
+        j = i + 1
+        while j < B and (j + 1 - i) * blocks[order[j]] * bs * width <= DECODE_CHUNK_ELEMENTS:
+            j += 1
+        n, nblk = j - i, blocks[order[j - 1]]
+        whole = n == B  # one chunk: natural order, no row gathers
+        rows = None if whole else torch.tensor(order[i:j], device=q.device)
+        table = block_tables if whole else block_tables.index_select(0, rows)
+        idx = table[:, :nblk].clamp(min=0).reshape(-1)
+        lat = torch.index_select(cache, 0, idx, out=workspace[: n * nblk * bs * width].view(n * nblk, bs, width))
+        lat = lat.view(n, nblk * bs, width).float()
+        scores = torch.bmm(q_cat if whole else q_cat.index_select(0, rows), lat.transpose(1, 2))  # [n, H, L]
+        pad = positions[: nblk * bs] >= (lens_t if whole else lens_t.index_select(0, rows))[:, None]
+        scores.masked_fill_(pad[:, None, :], float("-inf"))
+        out = torch.bmm(torch.softmax(scores, dim=-1), lat[..., :C])  # [n, H, C]
+        if whole:
+            o_lat = out
+        else:
+            o_lat.index_copy_(0, rows, out)
+        i = j
+    return torch.bmm(o_lat.transpose(0, 1), w[:, nope_dim:].transpose(1, 2)).transpose(0, 1).to(q.dtype)

@@ -1,34 +1,112 @@
 """Routed-expert combine as two padded batched GEMMs (one per projection) instead of a loop over experts.
 
 Tokens are sorted by expert and laid out as ``[E_hit, max_count, D]`` (zero-padded), multiplied by the hit
-experts' stacked weights with ``bmm``, then scattered back with their routing weights. Shapes as in
+experts' stacked weights with ``bmm``; each (token, slot) result is put back in place and the k slots are
+summed in slot order (no scatter-add). Shapes as in
 ``naive.py``. Padding costs ``E_hit · max_count`` rows, which stays close to ``N·k`` when routing is balanced.
+
+``mxfp4_expert_combine`` is the same with MXFP4-packed experts (``[E, rows, cols/2]`` codes + ``[E, rows,
+cols/32]`` scales): only the experts the batch hits are dequantised, a bounded group of them at a time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
+from k3serve.ops.mx.quant import fp4_dequant_rows, mxfp8_fake_quant
 
-def grouped_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
-                           w2: torch.Tensor,
-                           glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+Glu = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# Dequantised expert weights held at once by the MXFP4 combine (elements): 16 Mi fp32 = 64 MiB.
+_DEQUANT_ELEMENTS = 1 << 24
+
+
+class Layout(NamedTuple):
+    hit: list[int]  # experts with at least one token, ascending
+    width: int  # max tokens on one expert
+    token_of_row: torch.Tensor  # [E_hit · width] token feeding each padded row (N = padding, a zero row)
+    row_of: torch.Tensor  # [N · k] padded row holding assignment token·k + slot
+
+
+def route_layout(ids: torch.Tensor, num_experts: int) -> Layout:
     N, k = ids.shape
-    inter = w2.shape[-1]
     flat = ids.reshape(-1)
     order = flat.argsort(stable=True)
-    counts = torch.bincount(flat, minlength=w13.shape[0])
-    hit = counts.nonzero().squeeze(1)
-    group = torch.repeat_interleave(torch.arange(hit.numel()), counts[hit])  # [N·k] group of each sorted slot
-    starts = torch.cumsum(counts[hit], 0) - counts[hit]
-    rank = torch.arange(flat.numel()) - starts[group]
-    tokens = order // k
-    x = u.new_zeros(hit.numel(), int(counts.max()), u.shape[1])
-    x[group, rank] = u[tokens]
-    h = torch.bmm(x, w13.index_select(0, hit).transpose(1, 2))
-    y = torch.bmm(glu(h[..., :inter], h[..., inter:]), w2.index_select(0, hit).transpose(1, 2))
-    out = torch.zeros(N, w2.shape[1], dtype=torch.float32)
-    out.index_add_(0, tokens, y[group, rank].float() * weights.reshape(-1)[order, None].float())
-    return out
+    all_counts = torch.bincount(flat, minlength=num_experts).tolist()
+    hit = [e for e, c in enumerate(all_counts) if c]
+    counts = [all_counts[e] for e in hit]
+    width = max(counts)
+    # sorted assignment j of group g sits at row g·width + (j - start_g)
+    starts, s = [], 0
+    for c in counts:
+        starts.append(s)
+        s += c
+    shift = torch.tensor([g * width - st for g, st in enumerate(starts)])
+    dest = torch.arange(flat.numel()) + torch.repeat_interleave(shift, torch.tensor(counts))
+    token_of_row = torch.full((len(hit) * width,), N, dtype=torch.long)
+    token_of_row[dest] = order // k
+    row_of = torch.empty_like(dest)
+    row_of[order] = dest
+    return Layout(hit, width, token_of_row, row_of)
+
+
+def _gemms(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, glu: Glu,
+           act_quant: str | None = None) -> torch.Tensor:
+    """x ``[G, width, D]`` through G experts: ``W2 glu(W13 x)`` -> ``[G, width, D_out]``; each GEMM runs in
+    the weights' dtype and its result is cast back to x's, as ``mxfp4_linear`` does."""
+    inter = w2.shape[-1]
+    h = torch.bmm(x.to(w13.dtype), w13.transpose(1, 2)).to(x.dtype)
+    a = glu(h[..., :inter], h[..., inter:])
+    if act_quant is not None:
+        a = mxfp8_fake_quant(a, act_quant)
+    return torch.bmm(a.to(w2.dtype), w2.transpose(1, 2)).to(x.dtype)
+
+
+def _pack_tokens(u: torch.Tensor, lay: Layout) -> torch.Tensor:
+    """u ``[N, D]`` -> ``[E_hit, width, D]``: each hit expert's tokens in a row run, zero padding after."""
+    padded = torch.cat([u, u.new_zeros(1, u.shape[1])])
+    return padded.index_select(0, lay.token_of_row).view(len(lay.hit), lay.width, -1)
+
+
+def _combine(y: torch.Tensor, lay: Layout, weights: torch.Tensor) -> torch.Tensor:
+    """Padded expert outputs ``[E_hit, width, D]`` -> ``Σ_k w_k y_k`` ``[N, D]`` fp32, slots summed in order."""
+    N, k = weights.shape
+    picked = y.reshape(-1, y.shape[-1]).index_select(0, lay.row_of).float()  # [N·k, D] in token, slot order
+    picked.mul_(weights.reshape(-1, 1).float())
+    return picked.view(N, k, -1).sum(1)
+
+
+def grouped_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
+                           w2: torch.Tensor, glu: Glu) -> torch.Tensor:
+    lay = route_layout(ids, w13.shape[0])
+    if len(lay.hit) < w13.shape[0]:
+        hit = torch.tensor(lay.hit)
+        w13, w2 = w13.index_select(0, hit), w2.index_select(0, hit)
+    return _combine(_gemms(_pack_tokens(u, lay), w13, w2, glu), lay, weights)
+
+
+def mxfp4_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13_packed: torch.Tensor,
+                         w13_scale: torch.Tensor, w2_packed: torch.Tensor, w2_scale: torch.Tensor, glu: Glu, *,
+                         act_quant: str | None = None) -> torch.Tensor:
+    """As ``grouped_expert_combine`` with MXFP4 experts (what ``mxfp4_linear`` per expert computes): the GEMMs
+    run in bfloat16 for bfloat16 ``u``, else float32; ``act_quant`` fake-quantises both GEMM inputs to MXFP8."""
+    E, rows13, half_d = w13_packed.shape
+    rows2, half_i = w2_packed.shape[1:]
+    compute = torch.bfloat16 if u.dtype == torch.bfloat16 else torch.float32
+    if act_quant is not None:  # row-wise blocks of 32: quantising u once equals quantising each gathered row
+        u = mxfp8_fake_quant(u, act_quant)
+    lay = route_layout(ids, E)
+    x = _pack_tokens(u, lay)
+    y = torch.empty(len(lay.hit), lay.width, rows2, dtype=u.dtype, device=u.device)
+    group = max(1, _DEQUANT_ELEMENTS // (rows13 * half_d * 2 + rows2 * half_i * 2))
+    for g0 in range(0, len(lay.hit), group):
+        sel = torch.tensor(lay.hit[g0:g0 + group])
+        n = sel.numel()
+        w13 = fp4_dequant_rows(w13_packed.index_select(0, sel).view(n * rows13, half_d),
+                               w13_scale.index_select(0, sel).view(n * rows13, -1), compute)
+        w2 = fp4_dequant_rows(w2_packed.index_select(0, sel).view(n * rows2, half_i),
+                              w2_scale.index_select(0, sel).view(n * rows2, -1), compute)
+        y[g0:g0 + n] = _gemms(x[g0:g0 + n], w13.view(n, rows13, -1), w2.view(n, rows2, -1), glu, act_quant)
+    return _combine(y, lay, weights)

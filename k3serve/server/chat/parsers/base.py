@@ -9,6 +9,7 @@ A parser is single-use: `feed` chunks, then `finish` once. `parse(text)` is exac
 from __future__ import annotations
 
 import codecs
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -36,10 +37,19 @@ def find_first(buf: str, markers: Iterable[str], start: int = 0) -> tuple[int, s
     return best
 
 
+@functools.lru_cache(maxsize=256)
+def _marker_info(markers: tuple[str, ...]) -> tuple[int, str]:
+    return max(map(len, markers)), "".join(sorted({m[0] for m in markers}))
+
+
 def partial_tail(buf: str, markers: Sequence[str]) -> int:
     """Length of the longest suffix of `buf` that is a proper prefix of some marker."""
-    firsts = {m[0] for m in markers}
-    for i in range(max(0, len(buf) - max(map(len, markers)) + 1), len(buf)):
+    longest, firsts = _marker_info(tuple(markers))
+    start = max(0, len(buf) - longest + 1)
+    tail = buf[start:]
+    if not any(c in tail for c in firsts):  # the common case, checked in C: no marker can start here
+        return 0
+    for i in range(start, len(buf)):
         if buf[i] in firsts and any(m.startswith(buf[i:]) and len(m) > len(buf) - i for m in markers):
             return len(buf) - i
     return 0
@@ -61,6 +71,7 @@ class StreamParser:
         self._run: list[str] | None = []  # held content run; None once it streams
         self._run_core: str | None = None  # the run after its leading whitespace
         self._calls = 0
+        self._calls_done = 0
 
     def feed(self, chunk: str | bytes) -> list[Delta]:
         if self._finished:
@@ -84,6 +95,11 @@ class StreamParser:
     @property
     def calls_started(self) -> int:
         return self._calls
+
+    @property
+    def calls_finished(self) -> int:
+        """Calls whose closing markup has arrived (their arguments are complete)."""
+        return self._calls_done
 
     def _consume(self, final: bool) -> None:
         raise NotImplementedError

@@ -146,5 +146,6 @@ class K2Parser(StreamParser):
             n = self.next_call_index + self.calls_started
             index = self._start_call(mint_tool_call_id(name, n), name)
             self._args(index, self._args_buf)
+        self._calls_done += 1
         self._deferred, self._index, self._args_buf, self._ws = None, None, "", ""
         self.state = SECTION

@@ -194,8 +194,10 @@ class K3Parser(StreamParser):
     def _close_call(self) -> None:
         if self.state in (ARG, JSON_BLOCK):
             self._close_value()
-        if self._index is not None and not self._json_done:
-            self._args(self._index, "}" if self._n_args else "{}")
+        if self._index is not None:
+            if not self._json_done:
+                self._args(self._index, "}" if self._n_args else "{}")
+            self._calls_done += 1
         self._index = None
         if self.state in (CALL, SKIP, ARG, JSON_BLOCK):
             self.state = TOOLS

@@ -1,0 +1,79 @@
+"""``k3serve serve --replicas N``: N local replicas (each ``k3serve serve`` = HTTP server + engine
+process, on a free port of 127.0.0.1, publishing KV events) behind the KV-aware router.
+
+The replicas are child processes of this one; they are stopped (SIGINT, then SIGKILL) when the router
+exits, however it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from k3serve.router.proxy import RouterConfig, serve
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_replica(serve_argv: list[str], port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "k3serve", "serve", *serve_argv, "--host", "127.0.0.1", "--port", str(port),
+           "--kv-events"]
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+
+
+def wait_healthy(procs: list[subprocess.Popen], urls: list[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = dict(zip(urls, procs))
+    while pending:
+        for url, proc in list(pending.items()):
+            if proc.poll() is not None:
+                raise RuntimeError(f"replica {url} exited with code {proc.returncode} while starting")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1.0, trust_env=False).status_code == 200:
+                    del pending[url]
+        if pending and time.monotonic() > deadline:
+            raise RuntimeError(f"replicas not healthy after {timeout_s:.0f} s: {', '.join(pending)}")
+        time.sleep(0.3)
+
+
+def stop_replicas(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown also stops its engine process
+    deadline = time.monotonic() + 15
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def serve_replicas(serve_argv: list[str], replicas: int, config: RouterConfig | None, host: str, port: int,
+                   log_level: str = "warning", startup_timeout_s: float = 600.0) -> int:
+    """Start the replicas, wait until all are healthy, then run the router until it is stopped."""
+    ports = [free_port() for _ in range(replicas)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    procs: list[subprocess.Popen] = []
+    try:
+        procs = [start_replica(serve_argv, p) for p in ports]
+        wait_healthy(procs, urls, startup_timeout_s)
+        config = RouterConfig(replicas=tuple(urls)) if config is None else config
+        print(f"k3serve: {replicas} replicas ({', '.join(urls)}) behind a {config.policy} router on "
+              f"http://{host}:{port}", flush=True)
+        serve(config, host, port, log_level)
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
+    finally:
+        stop_replicas(procs)
+    return 0

@@ -1,0 +1,313 @@
+"""The live router: an OpenAI-compatible HTTP proxy in front of k3serve replicas.
+
+    app = build_app(RouterConfig(replicas=("http://127.0.0.1:8001", "http://127.0.0.1:8002")))
+
+Per request (``/v1/chat/completions``, ``/v1/completions``): get the prompt's token ids exactly as a
+replica will compute them (its ``/tokenize`` endpoint runs the same chat renderer and tokenizer; a
+token-id completion prompt needs no call), hash its blocks with ``core.hashing``, ask ``Router.route``
+for a replica among the healthy ones, forward the body untouched and pass the answer back (SSE
+streams chunk by chunk). ``on_first_token`` / ``on_finished`` keep the load counters honest.
+
+Failures: a request whose replica cannot be reached, or answers 503, before any byte went to the client
+is retried on another replica (the replica is taken out until its health check passes again). A stream
+whose replica dies after bytes went out ends with an ``{"error": ...}`` SSE frame and ``[DONE]`` (the
+convention the replicas use for their own mid-stream errors).
+``/v1/messages`` (Anthropic) is forwarded by load only (no prefix lookup).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from k3serve.core.hashing import hash_blocks
+from k3serve.router.policy import POLICIES, PolicyConfig, make_policy
+from k3serve.router.prefix_index import SnapshotRule
+from k3serve.router.replicas import ReplicaSet
+from k3serve.router.router import Router
+from k3serve.router.router_metrics import RouterMetrics
+
+log = logging.getLogger("k3serve.router")
+_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding"}
+_FORWARD_HEADERS = ("authorization", "x-api-key", "anthropic-version", "content-type")
+DEFAULT_DECODE_TOKENS = 256  # decode-KV estimate when a request sets no max_tokens
+_POLICY_DEFAULTS = PolicyConfig()
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    replicas: tuple[str, ...]
+    policy: str = "kv"
+    session_header: str = "x-session-id"
+    temperature: float = 0.0
+    weight: float = _POLICY_DEFAULTS.weight
+    cache_weight: float = _POLICY_DEFAULTS.cache_weight
+    block_size: int = 16  # must equal the replicas' (checked against /kv_events/info)
+    # the engine snapshots KDA state at prompt ends only (EngineConfig.state_cache_interval = 0)
+    snapshot_interval_blocks: int = 0
+    health_interval_s: float = 1.0
+    request_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            raise ValueError("--replica: give at least one replica URL")
+        for url in self.replicas:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--replica must be an http(s) URL, got {url!r}")
+        if len(set(self.replicas)) != len(self.replicas):
+            raise ValueError("--replica: the same URL is given twice")
+        if self.policy not in POLICIES:
+            raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.health_interval_s <= 0 or self.request_timeout_s <= 0:
+            raise ValueError("health interval and request timeout must be positive")
+
+
+class ReplicaUnavailable(Exception):
+    """The chosen replica could not take the request; try another."""
+
+
+def error(status: int, message: str, code: str) -> JSONResponse:
+    kind = {400: "invalid_request_error", 503: "service_unavailable"}.get(status, "server_error")
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status)
+
+
+def sse_error(message: str) -> bytes:
+    """The end of a broken stream: what the replicas send for their own mid-stream errors."""
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": "replica_failed"}}
+    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+class Proxy:
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        policy = make_policy(config.policy, PolicyConfig(config.weight, config.cache_weight, config.temperature))
+        self.router = Router(policy, len(config.replicas), config.block_size,
+                             SnapshotRule(interval=config.snapshot_interval_blocks, branch=False))
+        self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(config.request_timeout_s, connect=2.0),
+                                        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+        self.replicas = ReplicaSet(list(config.replicas), self.router, self.client, config.health_interval_s)
+        self.metrics = RouterMetrics(self)
+        self._tokenize_turn = 0
+
+    # prompt -> block hashes -----------------------------------------------------------------------
+
+    async def prompt_ids(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> list[int] | Response:
+        """The prompt's token ids, or the replica's error response when it refuses the request."""
+        if path == "/v1/completions":
+            p = body.get("prompt")
+            if isinstance(p, list) and p and isinstance(p[0], list):
+                p = p[0]  # a batch of prompts: route by the first
+            if isinstance(p, list) and p and all(isinstance(t, int) for t in p):
+                return p
+            if isinstance(p, list) and p and isinstance(p[0], str):
+                p = p[0]
+            if not isinstance(p, str):
+                return []  # malformed: the replica will say so
+            query = {"model": body.get("model"), "prompt": p}
+        elif path == "/v1/chat/completions":
+            query = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        else:
+            return []
+        for _ in range(len(self.config.replicas)):
+            ids = self.replicas.routable()
+            if not ids:
+                break
+            self._tokenize_turn += 1
+            rid = ids[self._tokenize_turn % len(ids)]
+            try:
+                resp = await self.client.post(self.config.replicas[rid] + "/tokenize", json=query, headers=headers)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
+                self.replicas.mark_failed(rid, f"tokenize: {type(e).__name__}")
+                continue
+            if resp.status_code == 503:
+                continue
+            if resp.status_code != 200:
+                return Response(resp.content, resp.status_code, media_type="application/json")
+            return list(resp.json()["tokens"])
+        return []
+
+    # forwarding -----------------------------------------------------------------------------------
+
+    async def handle(self, request: Request, path: str) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return error(400, "the request body is not valid JSON", "invalid_json")
+        if not isinstance(body, dict):
+            return error(400, "the request body must be a JSON object", "invalid_json")
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+        if not self.replicas.routable():
+            return error(503, "no healthy replica", "no_replica")
+        ids = await self.prompt_ids(path, body, headers)
+        if isinstance(ids, Response):
+            return ids
+        bs = self.config.block_size
+        try:
+            hashes = hash_blocks(ids, bs)[: max(0, len(ids) - 1) // bs]  # the engine never hits the last token
+        except ValueError:  # ids out of any vocabulary: no prefix to look up, the replica will refuse them
+            hashes = []
+        budget = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_DECODE_TOKENS
+        prompt_blocks = max(1, -(-len(ids) // bs))
+        decode_blocks = -(-(len(ids) + int(budget if isinstance(budget, int) else 0)) // bs)
+        session = request.headers.get(self.config.session_header)
+        stream = bool(body.get("stream"))
+        tried: set[int] = set()
+        while True:
+            routable = [r for r in self.replicas.routable() if r not in tried]
+            if not routable:
+                self.metrics.failed.inc()
+                return error(503, "no healthy replica could take the request", "no_replica")
+            rid = uuid.uuid4().hex
+            decision = self.router.route(rid, hashes, prompt_blocks, decode_blocks, session, routable)
+            self.metrics.routed(decision, len(hashes), len(ids))
+            tried.add(decision.replica)
+            try:
+                return await self._send(path, raw, headers, decision.replica, rid, stream)
+            except ReplicaUnavailable as e:
+                self.router.on_finished(rid)
+                self.metrics.retries.inc()
+                log.warning("retrying a request elsewhere: %s", e)
+
+    async def _send(self, path: str, raw: bytes, headers: dict[str, str], replica: int, rid: str,
+                    stream: bool) -> Response:
+        url = self.config.replicas[replica] + path
+        req = self.client.build_request("POST", url, content=raw, headers=headers)
+        try:
+            resp = await self.client.send(req, stream=True)
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+            self.replicas.mark_failed(replica, f"{type(e).__name__} on {path}")
+            raise ReplicaUnavailable(f"replica {replica}: {type(e).__name__}") from None
+        except BaseException:
+            self.router.on_finished(rid)
+            raise
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+        try:
+            if resp.status_code == 503:  # its engine is gone: someone else serves it
+                await resp.aclose()
+                self.replicas.mark_failed(replica, "503 from the replica")
+                raise ReplicaUnavailable(f"replica {replica} answered 503")
+            if not stream or resp.status_code != 200:
+                content = await resp.aread()
+                await resp.aclose()
+                self.router.on_first_token(rid)
+                self.router.on_finished(rid)
+                self.metrics.done(replica, resp.status_code)
+                return Response(content, resp.status_code, headers=out_headers)
+            chunks = resp.aiter_raw()
+            first = await chunks.__anext__()  # nothing sent to the client yet: a failure here is retried
+        except (httpx.RemoteProtocolError, httpx.ReadError, StopAsyncIteration) as e:
+            await resp.aclose()
+            self.replicas.mark_failed(replica, f"{type(e).__name__} before the first byte")
+            raise ReplicaUnavailable(f"replica {replica} failed before answering") from None
+        except ReplicaUnavailable:
+            raise
+        except BaseException:
+            await resp.aclose()
+            self.router.on_finished(rid)
+            raise
+        return StreamingResponse(self._relay(resp, first, chunks, replica, rid), resp.status_code,
+                                 headers=out_headers)
+
+    async def _relay(self, resp: httpx.Response, first: bytes, chunks: AsyncIterator[bytes], replica: int,
+                     rid: str) -> AsyncIterator[bytes]:
+        status = 200
+        try:
+            yield first
+            self.router.on_first_token(rid)
+            async for chunk in chunks:
+                yield chunk
+        except httpx.HTTPError as e:
+            status = 502
+            if isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError)):
+                self.replicas.mark_failed(replica, f"{type(e).__name__} mid-stream")
+            yield sse_error(f"the replica serving this stream failed mid-stream ({type(e).__name__}); "
+                            "the response is incomplete")
+        finally:
+            await resp.aclose()
+            self.router.on_finished(rid)
+            self.metrics.done(replica, status)
+
+    async def forward_get(self, path: str, headers: dict[str, str]) -> Response:
+        for rid in self.replicas.routable():
+            try:
+                resp = await self.client.get(self.config.replicas[rid] + path, headers=headers)
+            except httpx.HTTPError:
+                continue
+            return Response(resp.content, resp.status_code, media_type=resp.headers.get("content-type"))
+        return error(503, "no healthy replica", "no_replica")
+
+
+def build_app(config: RouterConfig) -> FastAPI:
+    proxy = Proxy(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await proxy.replicas.start()
+        try:
+            yield
+        finally:
+            await proxy.replicas.stop()
+            await proxy.client.aclose()
+
+    app = FastAPI(title="k3serve router", lifespan=lifespan,
+                  description="KV-cache-aware router in front of k3serve replicas (OpenAI-compatible).")
+    app.state.proxy = proxy
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await proxy.handle(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await proxy.handle(request, "/v1/completions")
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        return await proxy.handle(request, "/v1/messages")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+        return await proxy.forward_get("/v1/models", headers)
+
+    @app.get("/health")
+    async def health():
+        up = proxy.replicas.routable()
+        return JSONResponse({"healthy_replicas": len(up), "replicas": len(config.replicas)},
+                            status_code=200 if up else 503)
+
+    @app.get("/router/replicas", summary="Replica states as the router sees them")
+    async def replicas():
+        r = proxy.router
+        return {"policy": config.policy, "replicas": [
+            {"id": x.id, "url": x.url, "healthy": x.healthy, "kv_events": x.events, "down_reason": x.down_reason,
+             "resyncs": x.resyncs, "cached_blocks": r.index.num_blocks(x.id),
+             "cached_snapshots": r.index.num_snapshots(x.id), "stale": r.index.is_stale(x.id),
+             "active_requests": int(r.load.active_requests[x.id]),
+             "routed_requests": int(r.load.routed_requests[x.id])} for x in proxy.replicas.replicas]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(proxy.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def serve(config: RouterConfig, host: str, port: int, log_level: str = "warning") -> None:
+    import uvicorn
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(build_app(config), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+

@@ -1,0 +1,227 @@
+"""The live router's replicas: health checks, KV event subscriptions and resyncs (asyncio, one loop).
+
+Replica ids are the positions of the ``--replica`` URLs. A replica is *routable* once its ``/health``
+answers 200 and, when it publishes KV events (``/kv_events/info``), its prefix index has been loaded
+from a full-state snapshot. A failed health check (or a connection error the proxy reports) removes it
+and drops its index; the next good health check re-admits it after a fresh resync, so a restarted
+replica (new ports, empty cache) is picked up with nothing but its URL.
+
+Event path: a ZMQ SUB socket per replica receives ``[b"kv", seq, msgpack(KVBatch)]``; batches go to
+``Router.apply``. A sequence gap (lost batches, or a replica restarted behind the same URL) triggers
+a resync: a DEALER asks the engine's ROUTER socket for ``KVState``; batches arriving meanwhile are
+buffered and replayed on top of it (those at or below the state's seq are dropped as duplicates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+import zmq
+import zmq.asyncio
+
+from k3serve.engine.kv_events import SNAPSHOT_REQUEST, TOPIC
+from k3serve.router.events import Delivery, EventBatch
+from k3serve.router.router import Router
+from k3serve.router.wire import decode_batch, decode_state
+
+log = logging.getLogger("k3serve.router")
+RESYNC_TIMEOUT_S = 5.0
+HEALTH_TIMEOUT_S = 3.0
+HEALTH_MISSES = 3  # consecutive failed checks (timeouts, errors) that remove a replica; refused: at once
+SUB_SETTLE_S = 0.2  # let the SUB connection come up before asking for the state it continues from
+
+
+@dataclass
+class Replica:
+    id: int
+    url: str
+    healthy: bool = False
+    events: bool = False  # its KV events feed the index (else it is routed by load only)
+    down_reason: str | None = "not checked yet"
+    resyncs: int = 0
+    misses: int = 0
+    epoch: int = 0  # bumped on every removal, so an admission that raced a removal does not resurrect it
+    _sub: asyncio.Task | None = None
+    _resync: asyncio.Task | None = None
+    _buffer: list[EventBatch] | None = None  # batches held while a resync is in flight
+    _kv_addr: tuple[str, int] | None = None  # (host, snapshot port)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one resync at a time
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or "127.0.0.1"
+
+
+@dataclass
+class ReplicaSet:
+    urls: list[str]
+    router: Router
+    client: httpx.AsyncClient
+    health_interval_s: float = 1.0
+    replicas: list[Replica] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.replicas = [Replica(i, u.rstrip("/")) for i, u in enumerate(self.urls)]
+        self._ctx = zmq.asyncio.Context()
+        self._loop: asyncio.Task | None = None
+
+    # lifecycle ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await asyncio.gather(*(self._check(r) for r in self.replicas))
+        self._loop = asyncio.create_task(self._health_loop())
+
+    async def stop(self) -> None:
+        tasks = [self._loop] + [t for r in self.replicas for t in (r._sub, r._resync)]
+        for t in tasks:
+            if t is not None:
+                t.cancel()
+        for t in tasks:
+            if t is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        self._ctx.destroy(linger=0)
+
+    def routable(self) -> list[int]:
+        return [r.id for r in self.replicas if r.healthy]
+
+    def mark_failed(self, replica_id: int, reason: str) -> None:
+        """The proxy could not reach it: take it out now; health checks bring it back."""
+        self._drop(self.replicas[replica_id], reason)
+
+    # health ---------------------------------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await asyncio.gather(*(self._check(r) for r in self.replicas))
+
+    async def _check(self, rep: Replica) -> None:
+        refused = False
+        try:
+            resp = await self.client.get(rep.url + "/health", timeout=max(HEALTH_TIMEOUT_S, self.health_interval_s))
+            ok, reason = resp.status_code == 200, f"health check answered {resp.status_code}"
+        except httpx.HTTPError as e:
+            ok, reason, refused = False, f"health check failed: {type(e).__name__}", isinstance(e, httpx.ConnectError)
+        if not ok:
+            rep.misses += 1
+            if refused or rep.misses >= HEALTH_MISSES or not rep.healthy:  # a busy replica may answer late
+                self._drop(rep, reason)
+            return
+        rep.misses = 0
+        if not rep.healthy:
+            try:
+                await self._admit(rep)
+            except (httpx.HTTPError, ValueError, TimeoutError, zmq.ZMQError) as e:
+                self._drop(rep, f"admission failed: {e}")
+
+    async def _admit(self, rep: Replica) -> None:
+        epoch = rep.epoch
+        info = (await self.client.get(rep.url + "/kv_events/info", timeout=5.0)).json()
+        if info.get("enabled"):
+            if info.get("block_size") != self.router.index.block_size:
+                raise ValueError(f"replica {rep.url} hashes {info.get('block_size')}-token blocks, the router "
+                                 f"{self.router.index.block_size}")
+            rep._kv_addr = (rep.host, int(info["snapshot_port"]))
+            rep._buffer = []  # from the first batch on, until the state they continue is loaded
+            self._subscribe(rep, int(info["pub_port"]))
+            await asyncio.sleep(SUB_SETTLE_S)
+            await self._resync_now(rep)
+            rep.events = True
+        else:
+            log.warning("replica %s publishes no KV events (start it with --kv-events): routed by load only",
+                        rep.url)
+            rep.events = False
+        if rep.epoch != epoch:
+            raise ValueError("removed while being admitted")
+        rep.healthy, rep.down_reason = True, None
+        log.warning("replica %d (%s) admitted", rep.id, rep.url)
+
+    def _drop(self, rep: Replica, reason: str) -> None:
+        if rep.healthy:
+            log.warning("replica %d (%s) removed: %s", rep.id, rep.url, reason)
+        rep.healthy, rep.events, rep.down_reason = False, False, reason
+        rep.epoch += 1
+        for t in (rep._sub, rep._resync):
+            if t is not None:
+                t.cancel()
+        rep._sub = rep._resync = rep._buffer = rep._kv_addr = None
+        self.router.remove_replica(rep.id)
+
+    # events ---------------------------------------------------------------------------------------
+
+    def _subscribe(self, rep: Replica, port: int) -> None:
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.SUBSCRIBE, TOPIC)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://{rep.host}:{port}")
+        rep._sub = asyncio.create_task(self._consume(rep, sock))
+
+    async def _consume(self, rep: Replica, sock: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                frames = await sock.recv_multipart()
+                if len(frames) != 3:
+                    continue
+                try:
+                    batch = decode_batch(rep.id, frames[2])
+                except ValueError as e:
+                    log.warning("%s", e)
+                    continue
+                if rep._buffer is not None:
+                    rep._buffer.append(batch)
+                elif self.router.apply(batch) is Delivery.GAP and rep._resync is None:
+                    rep._resync = asyncio.create_task(self._resync_task(rep))
+        finally:
+            sock.close(0)
+
+    async def _resync_task(self, rep: Replica) -> None:
+        try:
+            await self._resync_now(rep)
+        except (ValueError, TimeoutError, zmq.ZMQError) as e:
+            self._drop(rep, f"resync failed: {e}")
+        finally:
+            rep._resync = None
+
+    async def _resync_now(self, rep: Replica, attempts: int = 3) -> None:
+        """Load the replica's full state, then the batches that arrived meanwhile; again on a new gap."""
+        async with rep._lock:
+            epoch = rep.epoch
+            for _ in range(attempts):
+                if rep._kv_addr is None or rep.epoch != epoch:
+                    raise ValueError("the replica was removed")
+                if rep._buffer is None:
+                    rep._buffer = []
+                try:
+                    raw = await self._request_state(*rep._kv_addr)
+                except BaseException:
+                    rep._buffer = None
+                    raise
+                if rep.epoch != epoch:
+                    raise ValueError("the replica was removed")
+                self.router.resync(rep.id, decode_state(raw))
+                rep.resyncs += 1
+                buffered, rep._buffer = rep._buffer, None
+                if all(self.router.apply(b) is not Delivery.GAP for b in buffered):
+                    return
+            raise ValueError(f"events kept going missing after {attempts} resyncs")
+
+    async def _request_state(self, host: str, port: int) -> bytes:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(f"tcp://{host}:{port}")
+            await sock.send_multipart([SNAPSHOT_REQUEST])
+            if not await sock.poll(int(RESYNC_TIMEOUT_S * 1000)):
+                raise TimeoutError(f"no KV state from {host}:{port} within {RESYNC_TIMEOUT_S:.0f} s")
+            frames = await sock.recv_multipart()
+            if len(frames) != 1 or not frames[0]:
+                raise ValueError(f"bad KV state reply from {host}:{port}")
+            return frames[0]
+        finally:
+            sock.close(0)
