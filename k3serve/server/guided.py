@@ -71,11 +71,13 @@ class Guide:
         fut, self._mask = self._mask, None
         if fut is None:
             return
-        V = logits.shape[-1]
-        bits = np.unpackbits(np.frombuffer(fut.result(), dtype=np.uint8), bitorder="little")[:V]
-        allowed = torch.from_numpy(bits.astype(bool))
-        if allowed.any():  # an empty mask would make every token -inf; leave the row alone then
-            logits.masked_fill_(~allowed, float("-inf"))
+        packed = np.frombuffer(fut.result(), dtype=np.uint8)
+        if not packed.any():  # an empty mask would make every token -inf; leave the row alone then
+            return
+        # two passes over the vocabulary (unpack the inverted bits, fill): each full-width op is a
+        # parallel region, and many small ones per step cost more than the mask itself on a busy box
+        banned = np.unpackbits(~packed, bitorder="little")[:logits.shape[-1]].view(np.bool_)
+        logits.masked_fill_(torch.from_numpy(banned), float("-inf"))
 
 
 class GuidedDecoding:

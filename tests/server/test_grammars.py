@@ -93,3 +93,35 @@ def test_json_schema_answer(lltok, tok, fmt, thinking):
 def test_bad_schema_is_a_value_error():
     with pytest.raises(ValueError, match="cannot be enforced"):
         check_grammar(json_grammar(K3, K3.render(USER), {"type": "string", "pattern": "(((("}))
+
+
+def test_guide_applies_packed_mask_and_bias():
+    """`Guide.apply`: tokens whose bit is clear become -inf, biases add, an all-zero mask leaves the row."""
+    from concurrent.futures import Future
+
+    import numpy as np
+    import torch
+
+    from k3serve.server.guided import Guide
+
+    V = 77  # not a multiple of 32: the packed mask has tail bits past the vocabulary
+    allowed = [0, 5, 31, 32, 76]
+    words = np.zeros((V + 31) // 32, dtype=np.uint32)
+    for t in allowed:
+        words[t // 32] |= np.uint32(1) << np.uint32(t % 32)
+    words[-1] |= np.uint32(1) << np.uint32(31)  # a stray bit beyond V must not matter
+
+    def run(mask_bytes: bytes) -> torch.Tensor:
+        g = Guide(None, {5: 2.0, 6: 1.0}, pool=None)
+        fut: Future = Future()
+        fut.set_result(mask_bytes)
+        g._mask = fut
+        row = torch.zeros(V)
+        g.apply(row)
+        return row
+
+    row = run(words.tobytes())
+    assert torch.isfinite(row).nonzero().flatten().tolist() == allowed
+    assert row[5] == 2.0 and row[0] == 0.0
+    empty = run(np.zeros_like(words).tobytes())
+    assert torch.isfinite(empty).all() and empty[6] == 1.0
