@@ -12,6 +12,16 @@ import codecs
 from collections.abc import Callable, Sequence
 
 
+def find_stop(text: str, stops: Sequence[str], start: int = 0) -> tuple[int, str] | None:
+    """The earliest stop string in ``text[start:]`` as ``(position, stop)``; on a tie the first listed wins."""
+    best = None
+    for s in stops:
+        i = text.find(s, start)
+        if i >= 0 and (best is None or i < best[0]):
+            best = (i, s)
+    return best
+
+
 class IncrementalDetokenizer:
     def __init__(self, decode_bytes: Callable[[Sequence[int]], bytes], stop: Sequence[str] = (),
                  include_stop: bool = False, skip_ids: frozenset[int] = frozenset()):
@@ -43,7 +53,7 @@ class IncrementalDetokenizer:
     def _advance(self, new: str) -> str:
         start = max(0, len(self.text) - self._max_stop + 1)
         self.text += new
-        hit = self._find_stop(start)
+        hit = find_stop(self.text, self._stop, start)
         if hit is not None:
             pos, s = hit
             self.text = self.text[:pos + len(s)] if self._include_stop else self.text[:pos]
@@ -55,13 +65,6 @@ class IncrementalDetokenizer:
         self.emitted = max(self.emitted, safe)
         return delta
 
-    def _find_stop(self, start: int) -> tuple[int, str] | None:
-        best = None
-        for s in self._stop:
-            i = self.text.find(s, start)
-            if i >= 0 and (best is None or i < best[0]):
-                best = (i, s)
-        return best
 
     def _held_back(self) -> int:
         """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from k3serve.engine.detokenizer import find_stop
 from k3serve.server.chat.parsers import ContentDelta, Delta, ToolCallArgs, ToolCallStart
 from k3serve.server.chat.parsers.base import partial_tail
 
@@ -68,7 +69,7 @@ class Cutoff:
         # Sent text never holds the start of a match (any suffix that is a prefix of a stop string
         # is held), so searching the held text plus the new text finds every match.
         pending = self._held + text
-        hit = self._find(pending)
+        hit = find_stop(pending, self._stop)
         if hit is not None:
             at, s = hit
             if at:
@@ -79,14 +80,6 @@ class Cutoff:
         if hold < len(pending):
             out.append(ContentDelta(pending[:len(pending) - hold]))
         self._held = pending[len(pending) - hold:]
-
-    def _find(self, window: str) -> tuple[int, str] | None:
-        best = None
-        for s in self._stop:
-            i = window.find(s)
-            if i >= 0 and (best is None or i < best[0]):
-                best = (i, s)
-        return best
 
     def _release(self, out: list[Delta]) -> None:
         if self._held:
