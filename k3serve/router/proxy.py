@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from k3serve.core.hashing import hash_blocks
+from k3serve.server.errors import error_body, error_response
 from k3serve.router.policy import POLICIES, PolicyConfig, make_policy
 from k3serve.router.prefix_index import SnapshotRule
 from k3serve.router.replicas import ReplicaSet
@@ -78,14 +79,12 @@ class ReplicaUnavailable(Exception):
 
 
 def error(status: int, message: str, code: str) -> JSONResponse:
-    kind = {400: "invalid_request_error", 503: "service_unavailable"}.get(status, "server_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status)
+    return error_response(status, message, code=code)  # the same OpenAI error object the replicas send
 
 
 def sse_error(message: str) -> bytes:
     """The end of a broken stream: what the replicas send for their own mid-stream errors."""
-    body = {"error": {"message": message, "type": "server_error", "param": None, "code": "replica_failed"}}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+    return b"data: " + json.dumps(error_body(500, message, "replica_failed")).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 class Proxy:
