@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from k3serve.core.hashing import hash_blocks
 from k3serve.engine.block_pool import BlockPool
 from k3serve.engine.multimodal import chain_hashes
 from k3serve.engine.request import Request
@@ -48,10 +47,8 @@ def update_block_hashes(req: Request, block_size: int) -> list[int]:
     n_have = len(req.block_hashes)
     if (n_have + 1) * block_size <= req.num_tokens:
         parent = req.block_hashes[-1] if req.block_hashes else None
-        if req.images:  # blocks overlapping an image also hash its content
-            req.block_hashes += chain_hashes(req.token_ids, n_have, block_size, parent, req.images)
-        else:
-            req.block_hashes += hash_blocks(req.token_ids[n_have * block_size:], block_size, parent=parent)
+        # blocks overlapping an image also hash its content; text-only runs are one hash_blocks call
+        req.block_hashes += chain_hashes(req.token_ids, n_have, block_size, parent, req.images)
     return req.block_hashes
 
 
