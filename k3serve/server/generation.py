@@ -42,13 +42,12 @@ async def run_choices(client, request_id: str, prompt_ids: list[int], sampling: 
                       images: Sequence[Any] = ()) -> AsyncIterator[tuple[int, Any, list]]:
     """Yield `(choice index, deltas or text, logprobs)` per engine step of any choice."""
     n = len(decoders)
-    media = {"images": images} if images else {}  # only image requests pass the keyword
     if n == 1:
         # one choice (the common case): read its stream here, without a merging task and queue,
         # which would cost two more task switches per token
         dec = decoders[0]
         stream = client.generate(f"{request_id}-0", prompt_ids, sampling, grammar=grammar, logit_bias=logit_bias,
-                                 **media)
+                                 images=images)
         async with contextlib.aclosing(stream):  # see `one` below
             async for out in stream:
                 items, lps = dec.push(out)
@@ -61,7 +60,7 @@ async def run_choices(client, request_id: str, prompt_ids: list[int], sampling: 
     async def one(k: int) -> None:
         dec = decoders[k]
         stream = client.generate(f"{request_id}-{k}", prompt_ids, choice_sampling(sampling, k, n),
-                                 grammar=grammar, logit_bias=logit_bias, **media)
+                                 grammar=grammar, logit_bias=logit_bias, images=images)
         try:
             # aclosing: leaving early (a stop string, the one call of parallel_tool_calls=false)
             # closes the stream now, which aborts the engine request at once, not at garbage collection
