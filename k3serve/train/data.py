@@ -39,13 +39,40 @@ def recall_range(progress: float) -> tuple[int, int]:
     return STAGES[-1][1]
 
 
-def sample_kind(rng: random.Random) -> str:
+@dataclass(frozen=True)
+class CopyWarmup:
+    """Share of plain-copy samples: ``share`` until ``until`` (fraction of steps), ``after`` from then on."""
+    share: float = 0.0
+    until: float = 0.0
+    after: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("share", "until", "after"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"copy warm-up {name} must be in [0, 1]")
+
+    def at(self, progress: float) -> float:
+        return self.share if progress < self.until else self.after
+
+
+def sample_kind(rng: random.Random, copy_share: float = 0.0) -> str:
+    if copy_share and rng.random() < copy_share:
+        return "copy"
     return rng.choices(list(MIX), weights=list(MIX.values()))[0]
 
 
-def draw(rng: random.Random, tokenizer, progress: float) -> Encoded:
-    kind = sample_kind(rng)
+# Copy samples during the warm-up are short and without a system prompt: on the real format, copying
+# formed within ~400 steps at 12 items and ~40-token prompts, and not within 400 steps at 24 items with
+# the ~60-token thinking-effort system message in front (softmax attention without positions spreads
+# over every earlier token, so a longer context delays the induction it has to find).
+WARMUP_COPY = {"thinking": False, "items": (3, 12)}
+
+
+def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = CopyWarmup()) -> Encoded:
+    kind = sample_kind(rng, warmup.at(progress))
     kwargs = {"records": rng.randint(*recall_range(progress))} if kind == "recall" else {}
+    if kind == "copy" and progress < warmup.until:
+        kwargs = dict(WARMUP_COPY)
     s = tasks.make(kind, rng, held_out=False, **kwargs)
     ids, n = encode_sample(s, tokenizer)
     return Encoded(kind, ids, n)
@@ -56,7 +83,7 @@ def inventory(tokenizer, seed: int, per_kind: int = 600) -> set[int]:
     length does not add ids). Samples drawn later that fall outside are skipped by ``batches``."""
     rng = random.Random(seed)
     used: set[int] = set()
-    for kind in tasks.KINDS:
+    for kind in (*tasks.KINDS, *tasks.WARMUP_KINDS):
         for _ in range(per_kind):
             kwargs = {"records": 20} if kind == "recall" else {}
             ids, _ = encode_sample(tasks.make(kind, rng, held_out=False, **kwargs), tokenizer)
@@ -65,7 +92,7 @@ def inventory(tokenizer, seed: int, per_kind: int = 600) -> set[int]:
 
 
 def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
-            stats: dict[str, int] | None = None) -> Iterator[list[Encoded]]:
+            stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup()) -> Iterator[list[Encoded]]:
     """``steps`` batches of fresh samples, deterministic in ``seed``; never cut a sample."""
     rng = random.Random(seed)
     pending: Encoded | None = None
@@ -73,7 +100,7 @@ def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per
         batch: list[Encoded] = []
         used = 0
         while True:
-            e = pending or draw(rng, tokenizer, step / steps)
+            e = pending or draw(rng, tokenizer, step / steps, warmup)
             pending = None
             if not vocab.covers(e.ids):
                 if stats is not None:

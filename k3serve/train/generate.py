@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="-", help="output .jsonl ('-' = stdout)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--held-out", action="store_true", help="draw held-out tool names (evaluation side)")
-    p.add_argument("--kinds", nargs="+", default=list(tasks.KINDS), choices=tasks.KINDS)
+    p.add_argument("--kinds", nargs="+", default=list(tasks.KINDS), choices=[*tasks.KINDS, *tasks.WARMUP_KINDS])
     p.add_argument("--records", type=int, default=150, help="records in recall contexts (~14 tokens each)")
     args = p.parse_args(argv)
     if args.n < 1 or args.records < 1:

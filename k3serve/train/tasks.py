@@ -16,6 +16,7 @@ from typing import Any
 from k3serve.train import pools
 
 KINDS = ("tool", "choose", "decline", "json", "recall", "followup")
+WARMUP_KINDS = ("copy",)  # training-only: plain copying, which forms the attention that every task needs
 EFFORTS = ("max", "max", "max", "high", "low")  # the K3 efforts, the server default (max) most often
 
 
@@ -33,11 +34,15 @@ class Sample:
 
 
 def _leaf(rng: random.Random, key: str) -> tuple[dict[str, Any], Any, str]:
-    """(schema, value, how the value is written in the user message) for one leaf parameter."""
+    """(schema, value, how the value is written in the user message) for one leaf parameter.
+
+    Strings are written in double quotes, as JSON writes them: a word inside quotes is the same token in
+    the request and in the JSON answer ('"Boston"' -> '"', 'Boston', ...), while a bare word carries its
+    leading space (' Boston', another token), so quoting makes the answer an exact copy of the request."""
     r = rng.random()
     if r < 0.35:
         v = pools.string_value(rng)
-        return {"type": "string"}, v, v
+        return {"type": "string"}, v, json.dumps(v)
     if r < 0.6:
         v = rng.randint(0, 9999)
         return {"type": "integer"}, v, str(v)
@@ -47,9 +52,9 @@ def _leaf(rng: random.Random, key: str) -> tuple[dict[str, Any], Any, str]:
     if r < 0.88:
         options = rng.choice(pools.ENUMS)
         v = rng.choice(options)
-        return {"type": "string", "enum": list(options)}, v, v
+        return {"type": "string", "enum": list(options)}, v, json.dumps(v)
     v = [rng.choice(pools.WORDS) for _ in range(rng.randint(2, 3))]
-    return {"type": "array", "items": {"type": "string"}}, v, " and ".join(v)
+    return {"type": "array", "items": {"type": "string"}}, v, ", ".join(json.dumps(x) for x in v)
 
 
 def make_schema(rng: random.Random, n_leaves: int) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, str]]]:
@@ -170,7 +175,7 @@ def make_recall(rng: random.Random, held_out: bool, thinking: bool, records: int
     labels = rng.sample(range(100, 1000), records)
     lines = {lab: " ".join(rng.choice(pools.WORDS) for _ in range(8)) for lab in labels}
     pick = labels[rng.randrange(max(1, records // 4))]
-    doc = "\n".join(f"Record {lab}: {lines[lab]}." for lab in labels)
+    doc = "\n".join(f"Record {lab}: \"{lines[lab]}\"" for lab in labels)
     user = f"Here are the records.\n{doc}\nCopy record {pick} exactly."
     reasoning = f"I need record {pick}." if thinking else None
     target = {"role": "assistant", "content": lines[pick], "reasoning_content": reasoning}
@@ -197,14 +202,27 @@ def make_followup(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
                   [_tool(name, verb, obj, schema)], thinking, _effort(rng, thinking))
 
 
-MAKERS = {"tool": make_tool, "choose": make_choose, "decline": make_decline, "json": make_json,
+def make_copy(rng: random.Random, held_out: bool, thinking: bool, items: tuple[int, int] = (3, 24)) -> Sample:
+    """Repeat a random run of pool words, names and numbers: the answer is only predictable by copying, so
+    the softmax-attention layers learn to find a token's earlier occurrence and read what followed it."""
+    items = [rng.choice(pools.WORDS) if rng.random() < 0.6 else
+             rng.choice(pools.NAMES) if rng.random() < 0.5 else str(rng.randint(0, 9999))
+             for _ in range(rng.randint(*items))]
+    text = " ".join(items)
+    user = rng.choice((f'Repeat exactly: "{text}"', f'Copy this: "{text}"', f'Say it back: "{text}"'))
+    target = {"role": "assistant", "content": text, "reasoning_content": "I will repeat it." if thinking else None}
+    return Sample("copy", [{"role": "user", "content": user}], target, {"text": text}, None, thinking,
+                  _effort(rng, thinking))
+
+
+MAKERS = {"copy": make_copy, "tool": make_tool, "choose": make_choose, "decline": make_decline, "json": make_json,
           "recall": make_recall, "followup": make_followup}
 
 
 def make(kind: str, rng: random.Random, *, held_out: bool = False, thinking: bool | None = None,
          **kwargs: Any) -> Sample:
     if kind not in MAKERS:
-        raise ValueError(f"unknown task kind {kind!r}; known: {', '.join(KINDS)}")
+        raise ValueError(f"unknown task kind {kind!r}; known: {', '.join(MAKERS)}")
     if thinking is None:
         thinking = rng.random() < 0.6
     return MAKERS[kind](rng, held_out, thinking, **kwargs)

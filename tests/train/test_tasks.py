@@ -15,7 +15,7 @@ def tok():
     return load_tokenizer()
 
 
-@pytest.mark.parametrize("kind", tasks.KINDS)
+@pytest.mark.parametrize("kind", [*tasks.KINDS, *tasks.WARMUP_KINDS])
 @pytest.mark.parametrize("thinking", [False, True])
 def test_target_round_trips_and_scores(tok, kind, thinking):
     rng = random.Random(hash((kind, thinking)) % 1000)
@@ -69,3 +69,18 @@ def test_recall_target_is_far_back():
 def test_unknown_kind():
     with pytest.raises(ValueError, match="unknown task kind"):
         tasks.make("poetry", random.Random(0))
+
+
+def test_copied_values_are_the_same_tokens_in_request_and_answer(tok):
+    """String values are quoted in the request, so each value's tokens in the answer appear, in order, in
+    the request (a bare word would carry a leading space: a different token)."""
+    rng = random.Random(11)
+    for kind in ("tool", "json", "copy"):
+        for _ in range(20):
+            s = tasks.make(kind, rng)
+            request = [int(t) for t in tok.encode(s.messages[0]["content"])]
+            values = s.expected.get("arguments") or s.expected.get("json") or {}
+            strings = [v for v in values.values() if isinstance(v, str)] if values else [s.expected["text"]]
+            for v in strings:
+                ids = [int(t) for t in tok.encode(v)]
+                assert any(request[i:i + len(ids)] == ids for i in range(len(request))), (kind, v)

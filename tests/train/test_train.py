@@ -92,6 +92,22 @@ def test_export_loads_and_matches(setup, tmp_path):
 def test_config_validation():
     with pytest.raises(ValueError, match="steps"):
         TrainConfig(out=".", steps=0)
+    with pytest.raises(ValueError, match="copy warm-up share"):
+        TrainConfig(out=".", copy_share=1.5)
+
+
+def test_copy_warmup_schedule():
+    from k3serve.train import data
+
+    tok = load_tokenizer()
+    vocab = CompactVocab(data.inventory(tok, seed=1, per_kind=30), 163840)
+    warm = data.CopyWarmup(share=1.0, until=0.5, after=0.0)
+    assert warm.at(0.49) == 1.0 and warm.at(0.5) == 0.0
+    batches = list(data.batches(tok, vocab, seed=3, steps=4, tokens_per_step=1200, warmup=warm))
+    first, last = [e.kind for e in batches[0]], [e.kind for e in batches[-1]]
+    assert set(first) == {"copy"} and "copy" not in last
+    # warm-up copies are short and have no system prompt (the shortest K3 chat render)
+    assert max(len(e.ids) for e in batches[0]) < 80
 
 
 def test_batches_are_deterministic_and_follow_the_curriculum():
