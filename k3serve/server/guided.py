@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 log = logging.getLogger("k3serve.engine")
+TEMPLATE_CACHE = 64  # compiled grammars kept for reuse
 
 
 def kimi_lltokenizer(n_vocab: int, eos: int):
@@ -97,6 +99,7 @@ class GuidedDecoding:
         self._tokenizer = None
         self.load_error: str | None = None
         self._ready = threading.Event()
+        self._templates: OrderedDict[str, object] = OrderedDict()  # grammar -> unused matcher, LRU
         self.enabled = enabled
         if enabled:
             threading.Thread(target=self._load, args=(eos_token_id,), daemon=True).start()
@@ -128,7 +131,17 @@ class GuidedDecoding:
             if self._tokenizer is None:
                 raise ValueError(f"structured outputs are unavailable: the grammar tokenizer failed to load "
                                  f"({self.load_error})")
-            matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
-            if matcher.is_error():
-                raise ValueError(f"grammar: {matcher.get_error()}")
+            template = self._templates.get(grammar)
+            if template is None:
+                template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+                if template.is_error():
+                    raise ValueError(f"grammar: {template.get_error()}")
+                self._templates[grammar] = template
+                if len(self._templates) > TEMPLATE_CACHE:
+                    self._templates.popitem(last=False)
+            else:
+                self._templates.move_to_end(grammar)
+            # a fresh matcher costs ~1-2 ms on the engine loop, a copy of a pristine one ~2 us; many requests
+            # share a grammar (one schema, one tool set)
+            matcher = template.deep_copy()
         return Guide(matcher, dict(bias), self._pool, request_id)

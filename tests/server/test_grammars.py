@@ -125,3 +125,22 @@ def test_guide_applies_packed_mask_and_bias():
     assert row[5] == 2.0 and row[0] == 0.0
     empty = run(np.zeros_like(words).tobytes())
     assert torch.isfinite(empty).all() and empty[6] == 1.0
+
+
+def test_guides_sharing_a_grammar_are_independent():
+    """Guides of one grammar come from one compiled template (copied): advancing one leaves the other at
+    the start, and the template is reused rather than compiled again."""
+    from k3serve.server.guided import GuidedDecoding
+
+    gd = GuidedDecoding(163840, 163586, enabled=True)
+    grammar = json_grammar(K3, K3.render(USER), SCHEMA)
+    a, b = gd.processor(grammar, {}), gd.processor(grammar, {})
+    assert len(gd._templates) == 1 and a.matcher is not b.matcher
+    start = b.matcher.compute_bitmask()
+    text = a.matcher.compute_bitmask()
+    assert start == text
+    for t in walk(gd._tokenizer, grammar, seed=0)[:-1]:  # a whole answer, all but the last token
+        assert a.matcher.consume_token(t)
+    assert a.matcher.compute_bitmask() != start
+    assert b.matcher.compute_bitmask() == start
+    assert gd.processor(grammar, {}).matcher.compute_bitmask() == start
