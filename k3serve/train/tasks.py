@@ -205,10 +205,10 @@ def make_followup(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
 def make_copy(rng: random.Random, held_out: bool, thinking: bool, items: tuple[int, int] = (3, 24)) -> Sample:
     """Repeat a random run of pool words, names and numbers: the answer is only predictable by copying, so
     the softmax-attention layers learn to find a token's earlier occurrence and read what followed it."""
-    items = [rng.choice(pools.WORDS) if rng.random() < 0.6 else
+    words = [rng.choice(pools.WORDS) if rng.random() < 0.6 else
              rng.choice(pools.NAMES) if rng.random() < 0.5 else str(rng.randint(0, 9999))
              for _ in range(rng.randint(*items))]
-    text = " ".join(items)
+    text = " ".join(words)
     user = rng.choice((f'Repeat exactly: "{text}"', f'Copy this: "{text}"', f'Say it back: "{text}"'))
     target = {"role": "assistant", "content": text, "reasoning_content": "I will repeat it." if thinking else None}
     return Sample("copy", [{"role": "user", "content": user}], target, {"text": text}, None, thinking,

@@ -63,7 +63,6 @@ class TrainConfig:
     copy_until: float = 0.0
     copy_after: float = 0.0  # ... and from then on
     embed_std: float = 1.0  # initial embedding rows (tied with lm_head)
-    mla_init: float = 0.0  # >0: MLA up-projections (q_b, kv_b) at this x fan-in std instead of the flat init
 
     def __post_init__(self) -> None:
         for name in ("steps", "tokens_per_step", "threads", "workers", "log_every"):
@@ -73,7 +72,11 @@ class TrainConfig:
             raise ValueError("save_every must be >= 0")
         if not 0.0 <= self.qat_from <= 1.0:
             raise ValueError("qat_from must be in [0, 1]")
-        data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after)  # validates
+        self.copy_warmup  # validates
+
+    @property
+    def copy_warmup(self) -> data.CopyWarmup:
+        return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after)
 
 
 def compact_config(full: ModelConfig, vocab: CompactVocab) -> ModelConfig:
@@ -82,7 +85,7 @@ def compact_config(full: ModelConfig, vocab: CompactVocab) -> ModelConfig:
 
 
 @torch.no_grad()
-def init_for_training(model: nn.Module, seed: int, mla_init: float = 0.0, embed_std: float = 1.0) -> None:
+def init_for_training(model: nn.Module, seed: int, embed_std: float = 1.0) -> None:
     """The writer's random init, with unit norms, uniform AttnRes mixing (zero pseudo-queries) and embedding
     rows of std ``embed_std``: with tied rows and a unit-RMS final norm (|h| ~ sqrt(d) = 8), a correct token
     must reach a logit well above log(V - |U|) ~ 12 (the zero rows' mass). Measured on a copy probe
@@ -99,10 +102,6 @@ def init_for_training(model: nn.Module, seed: int, mla_init: float = 0.0, embed_
             m.e_score_correction_bias.zero_()
         elif name.endswith("res_proj"):
             m.weight.zero_()
-        elif mla_init and name.endswith(("q_b_proj", "kv_b_proj")):
-            # Two flat-init projections in a row give near-zero q.k, so attention starts uniform and its
-            # q/k gradients start near zero too; fan-in scale on the up-projections breaks that symmetry.
-            m.weight.normal_(0.0, mla_init / math.sqrt(m.weight.shape[1]), generator=g)
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -187,7 +186,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     full = ModelConfig.from_file(cfg.config)
     vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1), full.text.vocab_size)
     model = build_model(compact_config(full, vocab))
-    init_for_training(model, cfg.seed, cfg.mla_init, cfg.embed_std)
+    init_for_training(model, cfg.seed, cfg.embed_std)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "gate.weight" not in n]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2 or "gate.weight" in n]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -197,9 +196,8 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     stats: dict[str, int] = {}
     t0, toks, window, kinds = time.time(), 0, [], {}
     qat_step = int(cfg.qat_from * cfg.steps)
-    warmup = data.CopyWarmup(cfg.copy_share, cfg.copy_until, cfg.copy_after)
     stream = data.batches(tokenizer, vocab, seed=cfg.seed + 2 + 1000 * rank, steps=cfg.steps,
-                          tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=warmup)
+                          tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=cfg.copy_warmup)
     probe = next(data.batches(tokenizer, vocab, seed=cfg.seed + 3, steps=1, tokens_per_step=cfg.tokens_per_step))
     for step, batch in enumerate(stream):
         if step == qat_step:
