@@ -17,7 +17,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from k3serve.train import tasks
+from k3serve.train import pools, tasks
 from k3serve.train.render import encode_sample
 from k3serve.train.vocab import CompactVocab
 
@@ -79,10 +79,13 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
 
 
 def inventory(tokenizer, seed: int, per_kind: int = 600) -> set[int]:
-    """The used ids: every id of ``per_kind`` training-side samples of each kind (short recall lists;
-    length does not add ids). Samples drawn later that fall outside are skipped by ``batches``."""
+    """The used ids: the lexicon and number pieces, plus every id of ``per_kind`` training-side samples of
+    each kind (short recall lists; length does not add ids). Samples drawn later that fall outside are
+    skipped by ``batches``."""
     rng = random.Random(seed)
-    used: set[int] = set()
+    # Every lexicon word in both forms and every number piece, so rare draws are never skipped.
+    used: set[int] = {int(i) for w in pools.LEXICON for i in (*tokenizer.encode(w), *tokenizer.encode(" " + w))}
+    used.update(int(i) for n in range(1000) for i in tokenizer.encode(str(n)))
     for kind in (*tasks.KINDS, *tasks.WARMUP_KINDS):
         for _ in range(per_kind):
             kwargs = {"records": 20} if kind == "recall" else {}

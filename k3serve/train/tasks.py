@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from k3serve.train import pools
@@ -33,46 +35,45 @@ class Sample:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def _leaf(rng: random.Random, key: str) -> tuple[dict[str, Any], Any, str]:
-    """(schema, value, how the value is written in the user message) for one leaf parameter.
+Dumps = Callable[[Any], str]
+TOOL_DUMPS: Dumps = partial(json.dumps, ensure_ascii=False)  # how the K3 renderer writes an argument value
+JSON_DUMPS: Dumps = partial(json.dumps, ensure_ascii=False, separators=(",", ":"))  # JSON answers: compact
 
-    Strings are written in double quotes, as JSON writes them: a word inside quotes is the same token in
-    the request and in the JSON answer ('"Boston"' -> '"', 'Boston', ...), while a bare word carries its
-    leading space (' Boston', another token), so quoting makes the answer an exact copy of the request."""
+
+def _leaf(rng: random.Random, dumps: Dumps = TOOL_DUMPS) -> tuple[dict[str, Any], Any]:
+    """(schema, value) for one leaf parameter."""
     r = rng.random()
     if r < 0.35:
-        v = pools.string_value(rng)
-        return {"type": "string"}, v, json.dumps(v)
+        return {"type": "string"}, pools.string_value(rng)
     if r < 0.6:
-        v = rng.randint(0, 9999)
-        return {"type": "integer"}, v, str(v)
+        return {"type": "integer"}, rng.randint(0, 9999)
     if r < 0.72:
-        v = rng.random() < 0.5
-        return {"type": "boolean"}, v, json.dumps(v)
+        return {"type": "boolean"}, rng.random() < 0.5
     if r < 0.88:
         options = rng.choice(pools.ENUMS)
-        v = rng.choice(options)
-        return {"type": "string", "enum": list(options)}, v, json.dumps(v)
-    v = [rng.choice(pools.WORDS) for _ in range(rng.randint(2, 3))]
-    return {"type": "array", "items": {"type": "string"}}, v, ", ".join(json.dumps(x) for x in v)
+        return {"type": "string", "enum": list(options)}, rng.choice(options)
+    return {"type": "array", "items": {"type": "string"}}, [rng.choice(pools.WORDS) for _ in range(rng.randint(2, 3))]
 
 
-def make_schema(rng: random.Random, n_leaves: int) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, str]]]:
+def make_schema(rng: random.Random, n_leaves: int, dumps: Dumps = TOOL_DUMPS
+                ) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, str]]]:
     """An object schema with ``n_leaves`` uniquely named leaves, some grouped into one nested object.
 
-    Returns (schema, value object, [(leaf key, written value)])."""
+    Returns (schema, value object, [(top-level key, written value)]). Each value is written in the user
+    message exactly as the answer writes it (``dumps``: the K3 argument form for tool calls, compact JSON
+    for JSON answers), so an answer value is a plain copy of a span of the request. Strings keep their
+    double quotes: a quoted word is the same token in both places ('"Boston"' -> '"', 'Boston'), while a
+    bare word would carry its leading space (' Boston', another id)."""
     keys = rng.sample(pools.KEYS, n_leaves + 1)
     props: dict[str, Any] = {}
     values: dict[str, Any] = {}
-    mentions: list[tuple[str, str]] = []
     nested = n_leaves >= 3 and rng.random() < 0.4
     group = keys.pop() if nested else None
     inner = rng.randint(2, min(3, n_leaves - 1)) if nested else 0
     sub_props: dict[str, Any] = {}
     sub_values: dict[str, Any] = {}
     for i, key in enumerate(keys[:n_leaves]):
-        schema, value, written = _leaf(rng, key)
-        mentions.append((key, written))
+        schema, value = _leaf(rng)
         if i < inner:
             sub_props[key], sub_values[key] = schema, value
         else:
@@ -80,6 +81,7 @@ def make_schema(rng: random.Random, n_leaves: int) -> tuple[dict[str, Any], dict
     if group is not None:
         props = {group: {"type": "object", "properties": sub_props, "required": list(sub_props)}, **props}
         values = {group: sub_values, **values}
+    mentions = [(k, dumps(v)) for k, v in values.items()]
     return {"type": "object", "properties": props, "required": list(props)}, values, mentions
 
 
@@ -89,9 +91,8 @@ def _tool(name: str, verb: str, obj: str, params: dict[str, Any]) -> dict[str, A
 
 
 def _mention_text(rng: random.Random, mentions: list[tuple[str, str]]) -> str:
-    mentions = list(mentions)
-    if rng.random() < 0.5:
-        rng.shuffle(mentions)
+    # In the schema's order, which is the answer's order: the next key is then the one after the current
+    # key in the request (a shuffled order made the model track which keys it had already written).
     return "; ".join(f"{k} {v}" for k, v in mentions)
 
 
@@ -158,7 +159,7 @@ def make_decline(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
 
 
 def make_json(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
-    schema, values, mentions = make_schema(rng, rng.randint(2, 5))
+    schema, values, mentions = make_schema(rng, rng.randint(2, 5), JSON_DUMPS)
     name, _, obj = pools.tool_name(rng, held_out)
     rf = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
     user = rng.choice((f"Give me the {obj} as JSON: {_mention_text(rng, mentions)}.",
@@ -171,9 +172,11 @@ def make_json(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
 
 
 def make_recall(rng: random.Random, held_out: bool, thinking: bool, records: int = 40) -> Sample:
-    """A list of ``records`` numbered lines (~13 tokens each); the asked one sits in the first quarter."""
+    """A list of ``records`` numbered lines (~13 tokens each); the asked one sits in the first quarter.
+    Passages are lexicon words, none repeated in the list (``pools.passage``)."""
     labels = rng.sample(range(100, 1000), records)
-    lines = {lab: " ".join(rng.choice(pools.WORDS) for _ in range(8)) for lab in labels}
+    used: set[str] = set()
+    lines = {lab: " ".join(pools.passage(rng, 8, used)) for lab in labels}
     pick = labels[rng.randrange(max(1, records // 4))]
     doc = "\n".join(f"Record {lab}: \"{lines[lab]}\"" for lab in labels)
     user = f"Here are the records.\n{doc}\nCopy record {pick} exactly."
@@ -187,7 +190,7 @@ def make_followup(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
     name, verb, obj = pools.tool_name(rng, held_out)
     schema, values, mentions = make_schema(rng, rng.randint(1, 3))
     result_keys = rng.sample([k for k in pools.KEYS if k not in schema["properties"]], 3)
-    result = {k: _leaf(rng, k)[1] for k in result_keys}
+    result = {k: _leaf(rng)[1] for k in result_keys}
     ask = rng.choice(result_keys)
     user = _request(rng, verb, obj, mentions)[:-1] + f", then tell me the {ask}."
     call_reason = f"The user wants to {verb} the {obj}. The tool {name} does that." if thinking else None
@@ -205,7 +208,7 @@ def make_followup(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
 def make_copy(rng: random.Random, held_out: bool, thinking: bool, items: tuple[int, int] = (3, 24)) -> Sample:
     """Repeat a random run of pool words, names and numbers: the answer is only predictable by copying, so
     the softmax-attention layers learn to find a token's earlier occurrence and read what followed it."""
-    words = [rng.choice(pools.WORDS) if rng.random() < 0.6 else
+    words = [rng.choice(pools.WORDS) if rng.random() < 0.3 else rng.choice(pools.LEXICON) if rng.random() < 0.5 else
              rng.choice(pools.NAMES) if rng.random() < 0.5 else str(rng.randint(0, 9999))
              for _ in range(rng.randint(*items))]
     text = " ".join(words)

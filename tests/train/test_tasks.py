@@ -84,3 +84,25 @@ def test_copied_values_are_the_same_tokens_in_request_and_answer(tok):
             for v in strings:
                 ids = [int(t) for t in tok.encode(v)]
                 assert any(request[i:i + len(ids)] == ids for i in range(len(request))), (kind, v)
+
+
+def test_argument_values_are_written_as_the_answer_writes_them():
+    """Every top-level value appears in the request exactly as the answer serialises it (K3 argument form
+    for tool calls, compact JSON for JSON answers), in the answer's key order."""
+    rng = random.Random(5)
+    for kind, dumps in (("tool", tasks.TOOL_DUMPS), ("choose", tasks.TOOL_DUMPS), ("json", tasks.JSON_DUMPS)):
+        for _ in range(30):
+            s = tasks.make(kind, rng)
+            user = s.messages[0]["content"]
+            values = s.expected.get("arguments") or s.expected["json"]
+            at = [user.index(f"{k} {dumps(v)}") for k, v in values.items()]
+            assert at == sorted(at), (kind, user)
+
+
+def test_lexicon_words_are_single_tokens_and_recall_never_repeats_a_word(tok):
+    for w in pools.LEXICON:
+        assert len(tok.encode(w)) == 1 and len(tok.encode(" " + w)) == 1, w
+    s = tasks.make("recall", random.Random(3), records=150)
+    lines = [ln.split('"')[1].split() for ln in s.messages[0]["content"].splitlines() if ln.startswith("Record")]
+    words = [w for ln in lines for w in ln]
+    assert len(lines) == 150 and len(words) == len(set(words))
