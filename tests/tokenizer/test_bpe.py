@@ -48,7 +48,31 @@ def test_long_single_piece_matches_tiktoken(enc):
         assert t.encode(text).tolist() == enc.encode_ordinary(text), alphabet
 
 
+# Alphabets whose tokens are mostly one to three bytes long: the linear encoder's shortcuts for short
+# tokens (splits read from the bytes, merges known from the walk at a token's start) do most of the
+# work there, next to its general pair check for longer tokens.
+SHORT_TOKEN_ALPHABETS = [b"abcdefghijklmnopqrstuvwxyz", b"qxzjvkw", b"etaoinshr", b"aAbBcCdDeE",
+                         b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", b"ab ",
+                         "éèàùçôî".encode(), "日本語中文字".encode(), bytes(range(256)), bytes(range(0x80, 0x100))]
+
+
+def short_token_pieces(n: int, seed: int, lo: int, hi: int) -> list[bytes]:
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        alphabet = rnd.choice(SHORT_TOKEN_ALPHABETS)
+        out.append(bytes(rnd.choices(alphabet, k=rnd.randint(lo, hi))))
+    return out
+
+
+def test_linear_matches_heap_on_short_token_alphabets(tok):
+    for p in short_token_pieces(300, seed=4, lo=128, hi=4000):
+        assert tok._core.bpe(p, LINEAR).tolist() == tok._core.bpe(p, HEAP).tolist(), p[:40]
+
+
 @pytest.mark.slow
 def test_linear_matches_heap_many(tok):
     for p in random_pieces(20_000, seed=3, lo=2, hi=600):
         assert tok._core.bpe(p, LINEAR).tolist() == tok._core.bpe(p, HEAP).tolist(), p
+    for p in short_token_pieces(5_000, seed=5, lo=2, hi=2000):
+        assert tok._core.bpe(p, LINEAR).tolist() == tok._core.bpe(p, HEAP).tolist(), p[:40]

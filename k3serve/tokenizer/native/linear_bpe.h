@@ -9,13 +9,20 @@
 // to that token, which `build` checks for the whole vocabulary (else the encoder stays off and the
 // heap merge is used); the tests compare it with tiktoken on long pieces.
 //
-// Layout, for random text (where every step can miss a cache): the prefix trie is a double array
-// (a child is one load at base + byte, with its token id in the same 12 bytes), and one walk lists
-// every candidate at a position with its length; `valid_pair` touches only the 8-byte split
-// records, a 256 KiB filter, the merge table (a pair and its result packed in 8 bytes, 2 MiB for
-// Kimi) and, for two byte tokens (a third of the lookups on random text), a direct table. The
-// tables sit on huge pages. The walk from the end of the likeliest next token runs before that
-// token is validated, so their cache misses overlap; a back-up walks the trie again.
+// Layout, for random text (where every step can miss a cache): one walk of the prefix trie
+// (prefix_trie.h) lists every candidate at a position with its length; `valid_pair` touches only
+// the 8-byte split records, a 256 KiB filter, the merge table (a pair and its result packed in 8
+// bytes, 2 MiB for Kimi) and, for two byte tokens, a direct table. The tables sit on huge pages.
+// The walk from the end of the likeliest next token runs before that token is validated, so their
+// cache misses overlap.
+//
+// Shortcuts that keep the result (all measured on the 100k random a-z piece, where a check
+// pair-looked-up ~2.7 times per candidate before):
+//  * the walk at a token's start saw every token that merges it with a following one (each is a
+//    longer candidate there), so its `Hint` answers the pair lookups while the token is whole;
+//  * pairs of one- and two-byte tokens (3/4 of the checks) go through `valid_short`, which knows
+//    their splits from the bytes and needs no split record;
+//  * a back-up reuses the candidate list of the token before instead of walking again.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -24,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "prefix_trie.h"
 #include "vocab.h"
 
 namespace k3tok {
@@ -35,13 +43,12 @@ class LinearBpe {
     V_ = &V;
     const size_t n = V.size();
     if (n >= kMaxTokens) return false;  // the merge table packs ids in 21 bits
-    for (int b = 0; b < 256; ++b) byte_tok_[b] = V.byte_rank(uint8_t(b));
-    build_trie(V);
+    trie_.build(V);
     std::vector<Cand> cand(V.max_token_len() + 1);
     std::vector<uint32_t> next_prefix(n, kNone);  // longest token that is a proper prefix
     for (uint32_t id = 0; id < n; ++id)
       if (V.has(id) && V.len(id) > 1) {
-        size_t k = walk(V.bytes(id), V.len(id) - 1, cand.data());
+        size_t k = trie_.walk(V.bytes(id), V.len(id) - 1, cand.data());
         next_prefix[id] = cand[k - 1].tok;
       }
     size_t cap = 16;
@@ -65,12 +72,20 @@ class LinearBpe {
     }
     // merges of two byte tokens (ranks 0..255 in tiktoken vocabularies): a direct table
     bytes_low_ = true;
-    for (int c = 0; c < 256; ++c) bytes_low_ = bytes_low_ && byte_tok_[c] < 256;
+    for (int c = 0; c < 256; ++c) bytes_low_ = bytes_low_ && trie_.byte_tok(uint8_t(c)) < 256;
     pair2_.assign(size_t(1) << 16, kNone);
     if (bytes_low_) {
       const Tables T = tables();
       for (uint32_t x = 0; x < 256; ++x)
         for (uint32_t y = 0; y < 256; ++y) pair2_[(x << 8) | y] = pair_lookup_hashed(T, x, y);
+    }
+    // valid_short needs the splits of one- and two-byte tokens to be their bytes
+    short_ok_ = bytes_low_;
+    for (uint32_t id = 0; id < n && short_ok_; ++id) {
+      if (!V.has(id) || V.len(id) > 2) continue;
+      const uint8_t* b = V.bytes(id);
+      const Split want = V.len(id) == 1 ? Split{id, id} : Split{trie_.byte_tok(b[0]), trie_.byte_tok(b[1])};
+      short_ok_ = split_[id].a == want.a && split_[id].b == want.b;
     }
     std::vector<uint32_t> out;
     for (uint32_t id = 0; id < n; ++id) {
@@ -96,23 +111,32 @@ class LinearBpe {
     // candidates at pos, shortest first: the prefix tokens the trie walk passed
     std::vector<Cand> cand_v(V_->max_token_len() + 1);
     std::vector<Cand> next_v(V_->max_token_len() + 1);
+    std::vector<Cand> prev_v(V_->max_token_len() + 1);
     Cand* cand = cand_v.data();
     Cand* next = next_v.data();
+    Cand* prev = prev_v.data();  // the candidates at the last token's start (if nprev), for a back-up
+    size_t nprev = 0;
     std::unique_ptr<uint32_t[]> lens_v(new uint32_t[n]);  // byte length of each token in o
     uint32_t* const lens = lens_v.get();
+    std::unique_ptr<Hint[]> hints_v(new Hint[n]);  // what the walk at each token's start knew
+    Hint* const hints = hints_v.get();
     const Tables T = tables();
-    size_t nc = walk(p, n, cand);
+    size_t nall = trie_.walk(p, n, cand);  // candidates at pos (those >= nc were tried already)
+    size_t nc = nall;
     size_t pos = 0;
     for (;;) {
       const uint32_t last = k ? o[k - 1] : kNone;
+      const Hint hint = k ? hints[k - 1] : Hint{kUnknown, kNone};
       // the longest candidate usually fits: walk from its end now (see the header comment)
       const size_t spec = nc ? pos + cand[nc - 1].len : n;
-      const size_t nspec = spec < n ? walk(p + spec, n - spec, next) : 0;
+      const size_t nspec = spec < n ? trie_.walk(p + spec, n - spec, next) : 0;
       while (nc) {
         const Cand c = cand[--nc];
         const size_t e = pos + c.len;
-        if (((reach[e >> 6] >> (e & 63)) & 1) && (last == kNone || valid_pair(T, last, c.tok))) {
+        if (((reach[e >> 6] >> (e & 63)) & 1) &&
+            (last == kNone || valid_next(T, last, lens[k - 1], hint, c.tok, c.len, p + pos))) {
           lens[k] = c.len;
+          hints[k] = hint_after(T, c.tok, cand + nc + 1, cand + nall);
           o[k++] = c.tok;
           pos = e;
           goto taken;
@@ -122,24 +146,31 @@ class LinearBpe {
         out.resize(base);
         return false;
       }
-      // back up one token; retry its position with the tokens shorter than it (walking the trie
-      // again there: its cells were read a moment ago, the prefix links of `last` were not)
+      // back up one token; retry its position with the tokens shorter than it
       reach[pos >> 6] &= ~(uint64_t(1) << (pos & 63));
       --k;
       {
         const uint32_t len = lens[k];
         pos -= len;
-        nc = walk(p + pos, n - pos, cand);
+        if (nprev) {  // the list at the last token's start: no walk
+          std::swap(cand, prev);
+          nc = nall = nprev;
+          nprev = 0;
+        } else {
+          nc = nall = trie_.walk(p + pos, n - pos, cand);
+        }
         while (nc && cand[nc - 1].len >= len) --nc;
       }
       continue;
     taken:
       if (pos == n) break;
+      std::swap(prev, cand);
+      nprev = nall;
       if (pos == spec) {  // spec < n here
         std::swap(cand, next);
-        nc = nspec;
+        nc = nall = nspec;
       } else {
-        nc = walk(p + pos, n - pos, cand);
+        nc = nall = trie_.walk(p + pos, n - pos, cand);
       }
     }
     out.resize(base + k);
@@ -147,122 +178,21 @@ class LinearBpe {
   }
 
  private:
+  using Cand = PrefixTrie::Cand;
   struct Split {  // the pair BPE merges into this token (a == b == id: a base token)
     uint32_t a, b;
   };
-  struct Cand {
-    uint32_t tok, len;
-  };
-  struct Node {  // double-array trie cell
-    uint32_t base;   // children at base + byte
-    uint32_t check;  // parent cell (kNone: free)
-    uint32_t tok;    // token ending here, or kNone
+  // The merge of a token with a token right after it, as far as the walk at its start saw: every
+  // token that merges a with a following token is a longer candidate there. partner == kNone: a
+  // merges with nothing that can follow; kUnknown: more than one partner (look pairs up instead).
+  static constexpr uint32_t kUnknown = kNone - 1;
+  struct Hint {
+    uint32_t partner, merged;
   };
   static constexpr size_t kIdBits = 21;
   static constexpr uint64_t kIdMask = (uint64_t(1) << kIdBits) - 1;
   static constexpr size_t kMaxTokens = kIdMask;  // all-ones is the empty slot
   static constexpr uint64_t kEmpty = ~uint64_t(0);
-
-  // The double-array trie: cells are placed breadth first, each node's children at the lowest
-  // base where all their bytes are free.
-  void build_trie(const Vocab& V) {
-    std::vector<uint32_t> order;
-    for (uint32_t id = 0; id < V.size(); ++id)
-      if (V.has(id)) order.push_back(id);
-    auto less = [&](uint32_t x, uint32_t y) {
-      return std::lexicographical_compare(V.bytes(x), V.bytes(x) + V.len(x), V.bytes(y), V.bytes(y) + V.len(y));
-    };
-    std::sort(order.begin(), order.end(), less);
-    struct Tmp {
-      uint32_t tok = kNone, first = 0, count = 0;  // children: kids_[first, first + count)
-    };
-    // a plain trie first: in sorted order a token's path shares only the last child at each level
-    std::vector<Tmp> tmp(1);
-    std::vector<std::vector<std::pair<uint8_t, uint32_t>>> kids(1);
-    for (uint32_t id : order) {
-      uint32_t node = 0;
-      for (uint32_t k = 0; k < V.len(id); ++k) {
-        uint8_t c = V.bytes(id)[k];
-        if (kids[node].empty() || kids[node].back().first != c) {
-          kids[node].emplace_back(c, uint32_t(tmp.size()));
-          tmp.emplace_back();
-          kids.emplace_back();
-        }
-        node = kids[node].back().second;
-      }
-      tmp[node].tok = id;
-    }
-    std::vector<Node> cells(512, Node{0, kNone, kNone});
-    std::vector<uint8_t> used(512, 0);
-    used[0] = 1;
-    size_t first_free = 1;
-    std::vector<std::pair<uint32_t, uint32_t>> queue{{0, 0}};  // (tmp node, cell)
-    for (size_t q = 0; q < queue.size(); ++q) {
-      auto [t, cell] = queue[q];
-      cells[cell].tok = tmp[t].tok;
-      const auto& ks = kids[t];
-      if (ks.empty()) continue;
-      while (used[first_free]) ++first_free;
-      size_t b = first_free > ks[0].first ? first_free - ks[0].first : 1;
-      for (;; ++b) {
-        if (b + 256 >= used.size()) {
-          used.resize(2 * used.size(), 0);
-          cells.resize(used.size(), Node{0, kNone, kNone});
-        }
-        bool fits = true;
-        for (const auto& kv : ks)
-          if (used[b + kv.first]) {
-            fits = false;
-            break;
-          }
-        if (fits) break;
-      }
-      cells[cell].base = uint32_t(b);
-      for (const auto& kv : ks) {
-        used[b + kv.first] = 1;
-        cells[b + kv.first].check = cell;
-        queue.emplace_back(kv.second, uint32_t(b + kv.first));
-      }
-    }
-    size_t top = used.size();
-    while (top > 1 && !used[top - 1]) --top;
-    cells.resize(top + 256, Node{0, kNone, kNone});  // base + byte stays in range
-    cells_.assign(cells.size(), Node{0, kNone, kNone});
-    std::copy(cells.begin(), cells.end(), &cells_[0]);
-    // direct table for the first two bytes: most walks start with one cell load
-    two_.assign(1 << 16, 0);
-    for (int a = 0; a < 256; ++a) {
-      uint32_t c1 = child(0, uint8_t(a));
-      if (c1)
-        for (int b = 0; b < 256; ++b) two_[(a << 8) | b] = child(c1, uint8_t(b));
-    }
-  }
-
-  uint32_t child(uint32_t cell, uint8_t b) const {
-    uint32_t t = cells_[cell].base + b;
-    return cells_[t].check == cell ? t : 0;
-  }
-
-  // Writes the tokens that are prefixes of p[0, n), shortest first, to cand; returns how many
-  // (>= 1: every single byte is a token).
-  size_t walk(const uint8_t* p, size_t n, Cand* cand) const {
-    cand[0] = Cand{byte_tok_[p[0]], 1};
-    if (n < 2) return 1;
-    uint32_t cell = two_[(uint32_t(p[0]) << 8) | p[1]];
-    if (!cell) return 1;
-    size_t k = 1;
-    const Node* c = &cells_[cell];
-    if (c->tok != kNone) cand[k++] = Cand{c->tok, 2};
-    for (size_t i = 2; i < n; ++i) {
-      uint32_t t = c->base + p[i];
-      const Node* d = &cells_[t];
-      if (d->check != cell) break;
-      cell = t;
-      c = d;
-      if (c->tok != kNone) cand[k++] = Cand{c->tok, uint32_t(i + 1)};
-    }
-    return k;
-  }
 
   static uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t(a) << kIdBits) | b; }
   static uint64_t pair_hash(uint64_t key) { return key * 0x9E3779B97F4A7C15ull; }
@@ -273,10 +203,12 @@ class LinearBpe {
     const uint64_t* filter;
     const uint64_t* pairs;
     const uint32_t* pair2;  // nullptr until built (or if byte tokens are not ranks 0..255)
+    const PrefixTrie* trie;
     size_t pmask;
   };
   Tables tables() const {
-    return Tables{&split_[0], &filter_[0], &pairs_[0], bytes_low_ && pair2_.size() ? &pair2_[0] : nullptr, pmask_};
+    return Tables{&split_[0], &filter_[0], &pairs_[0], bytes_low_ && pair2_.size() ? &pair2_[0] : nullptr, &trie_,
+                  pmask_};
   }
 
   // On random text a third of the lookups are two byte tokens, and nearly all of them merge: the
@@ -311,13 +243,89 @@ class LinearBpe {
     pairs_[i] = (key << kIdBits) | merged;
   }
 
+  // The hint for token a taken at a position where [longer, end) are the longer candidates: the
+  // ones whose split starts with a are all the merges of a with what follows it there.
+  static Hint hint_after(const Tables& T, uint32_t a, const Cand* longer, const Cand* end) {
+    Hint h{kNone, kNone};
+    for (; longer != end; ++longer) {
+      const Split s = T.split[longer->tok];
+      if (s.a == a) {
+        if (h.partner != kNone) return Hint{kUnknown, kNone};
+        h = Hint{s.b, longer->tok};
+      }
+    }
+    return h;
+  }
+
+  // Could BPE put token b (lb bytes, starting at `at`) right after token a (la bytes, hint h)?
+  bool valid_next(const Tables& T, uint32_t a, uint32_t la, const Hint& h, uint32_t b, uint32_t lb,
+                  const uint8_t* at) const {
+    const bool short_pair = ((la - 1) | (lb - 1)) < 2;  // both of one or two bytes
+    if (short_pair && short_ok_ && h.partner != kUnknown) return valid_short(T, a, la, b, lb, at, h);
+    return valid_pair(T, a, b, h);
+  }
+
+  // valid_pair for tokens of one or two bytes (a of la bytes ending at `at`, b of lb starting
+  // there). Their splits are their bytes (build checks it), so valid_pair's unwinding is fixed by
+  // the lengths and the ranks: with a = x y and b = z w, the pair is invalid if a merges with b or,
+  // before b forms, with z (both from the hint); if y z merges before a forms (or, when b is the
+  // later merge, before b forms); or, when a is the later merge, if y merges with b before a forms.
+  // One-byte tokens drop the steps that would unwind them.
+  static bool valid_short(const Tables& T, uint32_t a, uint32_t la, uint32_t b, uint32_t lb, const uint8_t* at,
+                          const Hint& h) {
+    if (b == h.partner) return false;  // a and b merge
+    if (la == 1 && lb == 1) return true;
+    const uint32_t z = T.trie->byte_tok(at[0]);
+    const uint32_t az = z == h.partner ? h.merged : kNone;  // a merged with z
+    if (la == 1) return !(az <= b);                          // before b formed
+    const uint32_t y = T.trie->byte_tok(at[-1]);
+    const uint32_t yz = T.pair2[(y << 8) | z];
+    if (lb == 1) return !(yz < a);  // y and z merge before a forms
+    if (a <= b) return !(az <= b) && !(yz < a);
+    if (yz <= b) return false;
+    // y merges with b before a forms? As y z merges after b, that merge is the token y b, if any
+    return !(T.trie->token3(at - 1) < a);
+  }
+
+  // valid_pair with the merges of a known from its hint: while a itself is on the left of the
+  // boundary (the common case: b unwinds first, or a is a byte), no pair lookup is needed.
+  static bool valid_pair(const Tables& T, uint32_t a, uint32_t b, const Hint& h) {
+    if (h.partner == kUnknown) return valid_pair(T, a, b);
+    __builtin_prefetch(&T.split[a]);
+    __builtin_prefetch(&T.split[b]);
+    uint32_t limit = kNone;
+    for (;;) {
+      const uint32_t m = b == h.partner ? h.merged : kNone;
+      if (m < limit) return false;
+      if (a > b) {
+        limit = a;
+        const uint32_t na = T.split[a].b;
+        if (na != a) return valid_from(T, na, b, limit);
+        limit = b + 1;  // a is a base token: unwind b instead
+        b = T.split[b].a;
+        if (b + 1 == limit) return true;
+      } else {
+        limit = b + 1;
+        b = T.split[b].a;
+        if (b + 1 == limit) {  // b is a base token: unwind a instead
+          limit = a;
+          const uint32_t na = T.split[a].b;
+          if (na == a) return true;
+          return valid_from(T, na, b, limit);
+        }
+      }
+    }
+  }
+
   // Could BPE end with token a immediately followed by token b? Undo the later of the two merges
   // step by step; if at some step the two boundary tokens merge into a token BPE would have formed
   // earlier (rank below `limit`), the pair is invalid.
   static bool valid_pair(const Tables& T, uint32_t a, uint32_t b) {
     __builtin_prefetch(&T.split[a]);  // both spines' first records load in parallel
     __builtin_prefetch(&T.split[b]);
-    uint32_t limit = kNone;
+    return valid_from(T, a, b, kNone);
+  }
+  static bool valid_from(const Tables& T, uint32_t a, uint32_t b, uint32_t limit) {
     for (;;) {
       uint32_t m = pair_lookup(T, a, b);
       if (m != kNone && m < limit) return false;
@@ -343,14 +351,13 @@ class LinearBpe {
 
   const Vocab* V_ = nullptr;
   bool ok_ = false;
-  uint32_t byte_tok_[256];
+  PrefixTrie trie_;
   // the tables are probed at random: huge pages keep the TLB from missing on top of the caches
   HugeArray<Split> split_;
-  HugeArray<Node> cells_;
-  HugeArray<uint32_t> two_;
   HugeArray<uint64_t> pairs_;
   HugeArray<uint32_t> pair2_;
   bool bytes_low_ = false;
+  bool short_ok_ = false;  // valid_short applies
   size_t pmask_ = 0;
   // one bit per pair hash (256 KiB, stays in L2): rules out most pair lookups cheaply
   static constexpr size_t kFilterMask = (size_t(1) << 15) - 1;
