@@ -98,6 +98,19 @@ class ForwardContext:
         """``context_lens`` as an int64 tensor on the batch's device, shared by every layer of the step."""
         return torch.tensor(self.context_lens, dtype=torch.long, device=self.block_tables.device)
 
+    @cached_property
+    def leading_state_rows(self) -> slice | None:
+        """``slice(0, B)`` when sequence i's KDA state is row i of the pool (the engine arranges this): the layers
+        then update ``cache[:B]`` in place; None when they must gather ``state_slots``."""
+        B = self.batch_size
+        leading = torch.equal(self.state_slots, torch.arange(B, device=self.state_slots.device))
+        return slice(0, B) if leading else None
+
+    @cached_property
+    def decode_rows(self) -> list[int]:
+        """Sequences that add one token to a non-empty cache (all of them when ``is_decode``)."""
+        return [i for i, (c, n) in enumerate(zip(self.cached_lens, self.seq_lens)) if n == 1 and c > 0]
+
     @property
     def last_token_indices(self) -> torch.Tensor:
         return self.cu_seqlens[1:] - 1

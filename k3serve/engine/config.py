@@ -20,6 +20,7 @@ class EngineConfig:
     state_cache_interval: int = 0  # extra KDA snapshots every N prefill tokens (0: prompt ends only)
     snapshot_memory_fraction: float = 0.25  # share of the cache budget for KDA snapshots
     max_model_len: int | None = None  # None: the model's max_position_embeddings
+    retain_freed_memory: bool = True  # CPU: glibc keeps freed memory for reuse (memory.keep_freed_memory)
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")

@@ -19,7 +19,7 @@ from k3serve.engine.block_pool import BlockPool
 from k3serve.engine.config import EngineConfig
 from k3serve.engine.detokenizer import IncrementalDetokenizer
 from k3serve.engine.logits_processor import LogitsProcessor
-from k3serve.engine.memory import CachePlan, plan_cache, resolve_budget
+from k3serve.engine.memory import CachePlan, keep_freed_memory, plan_cache, resolve_budget
 from k3serve.engine.model_runner import ModelRunner, StepResult
 from k3serve.engine.multimodal import ImageInput, check_images
 from k3serve.engine.outputs import RequestOutput
@@ -55,6 +55,8 @@ class LLMEngine:
 
             model, model_config = load_model(model, dtype=dtype, progress=False)
         self.config = config = config or EngineConfig()
+        if config.retain_freed_memory and torch.device(device).type == "cpu":
+            keep_freed_memory()  # process-wide: no page faults on every step's large temporaries
         self.model_config = model_config
         self.tokenizer = tokenizer
         text = model_config.text

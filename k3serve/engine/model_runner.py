@@ -4,14 +4,17 @@ For a ``Batch`` of B requests with ``num_new_tokens[i]`` tokens each (N in all):
   input_ids ``[N]`` (request i's tokens ``cached_lens[i] : cached_lens[i] + num_new_tokens[i]``),
   cu_seqlens ``[B+1]``, state_slots ``[B]``, block_tables ``[B, max_blocks]`` (-1 padded).
 KDA slot copies listed by the batch are done before (prefix hits) and after (snapshots) the forward, over
-every KDA layer's state and conv tensors. Models with a vision tower also get ``image_embeds [n, d]``, one
-row per placeholder position of the batch (``multimodal.ImageEmbedder``). Logits are computed only for rows
-that sample, plus every prompt position of requests that asked for prompt logprobs. The logits processors of
-the sampling rows are prepared before the forward (their work overlaps it) and applied by the sampler.
+every KDA layer's state and conv tensors. Slots are logical: ``StateRows`` first moves the batch's states to
+the leading cache rows, so ``state_slots`` is ``0..B-1`` and the layers update the states in place. Models
+with a vision tower also get ``image_embeds [n, d]``, one row per placeholder position of the batch
+(``multimodal.ImageEmbedder``). Logits are computed only for rows that sample, plus every prompt position of
+requests that asked for prompt logprobs. The logits processors of the sampling rows are prepared before the
+forward (their work overlaps it) and applied by the sampler.
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +24,7 @@ from k3serve.core.context import ForwardContext, ModelCaches, forward_context
 from k3serve.engine.multimodal import ImageEmbedder
 from k3serve.engine.request import Batch
 from k3serve.engine.sampler import sample, token_logprobs
+from k3serve.engine.state_rows import StateRows
 
 
 @dataclass
@@ -30,12 +34,22 @@ class StepResult:
     prompt_logprobs: list[list[dict[int, float]] | None] = field(default_factory=list)  # per row, this chunk
 
 
+def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    """``torch.tensor(values)`` for a list of Python ints, through the buffer protocol (~7x faster for the
+    thousands of ids and block-table entries a step packs)."""
+    if not values:
+        return torch.empty(0, dtype=torch.long, device=device)
+    return torch.frombuffer(array("q", values), dtype=torch.long).to(device)
+
+
 class ModelRunner:
     def __init__(self, model: nn.Module, caches: ModelCaches, device: torch.device | str = "cpu", *,
                  placeholder_id: int | None = None):
         self.model = model
         self.caches = caches
         self.device = torch.device(device)
+        kda = [*caches.kda_state.values(), *caches.kda_conv.values()]
+        self.state_rows = StateRows(kda[0].shape[0] if kda else 0, kda)
         # models with a vision tower get image embeddings scattered into their placeholder positions
         vision = placeholder_id is not None and hasattr(model, "vision_tower")
         self.images = ImageEmbedder(model, placeholder_id) if vision else None
@@ -43,22 +57,27 @@ class ModelRunner:
     def copy_slots(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
             return
-        src = torch.tensor([s for s, _ in pairs], device=self.device)
-        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        src = long_tensor(self.state_rows.rows([s for s, _ in pairs]), self.device)
+        dst = long_tensor(self.state_rows.rows([d for _, d in pairs]), self.device)
         for cache in (*self.caches.kda_state.values(), *self.caches.kda_conv.values()):
-            cache[dst] = cache[src]
+            cache.index_copy_(0, dst, cache.index_select(0, src))
 
     def prepare(self, batch: Batch) -> tuple[torch.Tensor, ForwardContext]:
         ids: list[int] = []
         for req, start, n in zip(batch.requests, batch.cached_lens, batch.num_new_tokens):
             ids += req.token_ids[start:start + n]
         width = max(len(r.block_ids) for r in batch.requests)
-        tables = [r.block_ids + [-1] * (width - len(r.block_ids)) for r in batch.requests]
+        tables: list[int] = []
+        for r in batch.requests:
+            tables += r.block_ids
+            tables += [-1] * (width - len(r.block_ids))
         cu = torch.tensor([0, *batch.num_new_tokens]).cumsum(0)
         ctx = ForwardContext(cu_seqlens=cu.to(self.device), cached_lens=list(batch.cached_lens),
-                             state_slots=torch.tensor([r.slot for r in batch.requests], device=self.device),
-                             block_tables=torch.tensor(tables, device=self.device), caches=self.caches)
-        return torch.tensor(ids, device=self.device), ctx
+                             state_slots=long_tensor(self.state_rows.rows([r.slot for r in batch.requests]),
+                                                     self.device),
+                             block_tables=long_tensor(tables, self.device).view(len(batch), width),
+                             caches=self.caches)
+        return long_tensor(ids, self.device), ctx
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepResult:
@@ -68,6 +87,7 @@ class ModelRunner:
             if req.logits_processor is not None:
                 req.logits_processor.prepare(req.output_token_ids)
         self.copy_slots(batch.state_copies)
+        self.state_rows.arrange([r.slot for r in batch.requests])
         input_ids, ctx = self.prepare(batch)
         ends = ctx.cu_seqlens[1:].tolist()
         with forward_context(ctx):

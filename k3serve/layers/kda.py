@@ -10,6 +10,9 @@ x ``[N, d]`` packed tokens of the active ``ForwardContext``:
   beta = sigmoid(W_b x) ``[N, H]``
   delta-rule recurrence (ops ``kda_chunk`` / ``kda_decode``), state ``kda_state[layer]`` ``[slots, H, K, V]``
   out = W_o · GatedRMSNorm(o, z); z = W_g x (K3, full rank) or W_gb W_ga x (Kimi-Linear)
+In small layers the projections of x (q, k, v, f_a, b and g or g_a) run as one GEMM over their concatenated
+weights; the modules keep their own (checkpoint) parameters. States are updated in place in the pool when the engine has
+put the batch's slots at the leading rows (``ForwardContext.leading_state_rows``).
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from torch import nn
 from k3serve.core.config import TextConfig
 from k3serve.core.context import ForwardContext
 from k3serve.layers.norm import GatedRMSNorm
-from k3serve.layers.weights import WeightSlot, a_log_slot, keep_fp32
+from k3serve.layers.weights import ConcatCache, WeightSlot, a_log_slot, keep_fp32
 from k3serve.ops import registry
 
 L2_EPS = 1e-6
+# Projection weights up to this size run as one fused GEMM over a concatenated copy (see ConcatCache).
+FUSE_MAX_BYTES = 16 << 20
 
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -41,6 +46,14 @@ def kda_gate(f: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor,
     if lower_bound is None:
         return -rate * F.softplus(x, beta=1.0, threshold=20.0)
     return lower_bound * torch.sigmoid(rate * x)
+
+
+def _store(cache: torch.Tensor, rows: slice | None, slots: torch.Tensor, new: torch.Tensor) -> None:
+    """Write the batch's new states ``[B, ...]`` to the pool (a no-op when they were updated there in place)."""
+    if rows is None:
+        cache.index_copy_(0, slots, new)
+    elif new.data_ptr() != cache[rows].data_ptr():
+        cache[rows].copy_(new)
 
 
 class KimiDeltaAttention(nn.Module):
@@ -73,6 +86,25 @@ class KimiDeltaAttention(nn.Module):
             self.g_b_proj = nn.Linear(K, P, bias=False)
         self.o_norm = GatedRMSNorm(K, cfg.rms_norm_eps)
         self.o_proj = nn.Linear(P, d, bias=False)
+        # Small layers run the projections of x as one GEMM over their concatenated weights (built on first
+        # use, kept in sync by ConcatCache); output columns [q|k|v, f_a, b, gate]. The conv filters likewise.
+        self._in_weight, self._conv_weight = ConcatCache(FUSE_MAX_BYTES), ConcatCache(FUSE_MAX_BYTES)
+        self._in_split = [3 * P, K, H, P if self.full_rank_gate else K]
+
+    def _project(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """[q|k|v ``[N, 3P]``, f_a ``[N, K]``, b ``[N, H]``, gate ``[N, P or K]``] of x."""
+        gate = self.g_proj if self.full_rank_gate else self.g_a_proj
+        projs = [self.q_proj, self.k_proj, self.v_proj, self.f_a_proj, self.b_proj, gate]
+        fused = self._in_weight([m.weight for m in projs])
+        if fused is not None:
+            return list(F.linear(x, fused).split(self._in_split, dim=-1))
+        return [torch.cat([m(x) for m in projs[:3]], dim=-1)] + [m(x) for m in projs[3:]]
+
+    def _conv_filters(self) -> torch.Tensor:
+        """The q|k|v depthwise filters ``[3P, W]``."""
+        convs = [self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]
+        fused = self._conv_weight(convs)
+        return (fused if fused is not None else torch.cat(convs))[:, 0]
 
     def state_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         """Per-slot cache shapes; ``None`` dtype means the model dtype."""
@@ -88,40 +120,41 @@ class KimiDeltaAttention(nn.Module):
         slots = ctx.state_slots
         fresh = ~ctx.has_initial_state
 
-        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        conv_weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
+        qkv, f, b, gate = self._project(x)
+        conv_weight = self._conv_filters()
         any_fresh = not ctx.is_decode and bool(fresh.any())
+        # States are read and written in place when the batch owns the leading pool rows (the engine arranges
+        # that), else gathered once and written back once. Not under autograd, which may keep what it read.
+        rows = None if torch.is_grad_enabled() else ctx.leading_state_rows
         conv_cache = ctx.caches.kda_conv[self.layer_idx]
-        # Each layer gathers its slots' states once, updates the gathered copy in place and writes it back once.
-        conv_state = conv_cache.index_select(0, slots)
+        conv_state = conv_cache[rows] if rows is not None else conv_cache.index_select(0, slots)
         if any_fresh:
             conv_state[fresh] = 0
         if ctx.is_decode:
-            qkv, conv_state = registry.get("short_conv_update")(qkv.float(), conv_weight, conv_state,
-                                                                out_state=conv_state)
+            qkv, new_conv = registry.get("short_conv_update")(qkv.float(), conv_weight, conv_state)
         else:
-            qkv, conv_state = registry.get("short_conv")(qkv.float(), conv_weight, conv_state=conv_state,
-                                                         cu_seqlens=ctx.cu_seqlens)
-        conv_cache.index_copy_(0, slots, conv_state.to(conv_cache.dtype))
+            qkv, new_conv = registry.get("short_conv")(qkv.float(), conv_weight, conv_state=conv_state,
+                                                       cu_seqlens=ctx.cu_seqlens)
+        _store(conv_cache, rows, slots, new_conv.to(conv_cache.dtype))
         # q and k are normalised together (same per-head math, half the ops)
         qk = l2_normalize(qkv[:, : 2 * H * K].reshape(N, 2 * H, K))
         q, k, v = qk[:, :H], qk[:, H:], qkv[:, 2 * H * K:].float().reshape(N, H, K)
 
-        g = kda_gate(self.f_b_proj(self.f_a_proj(x)).view(N, H, K), self.dt_bias, self.A_log, self.lower_bound)
-        beta = torch.sigmoid(self.b_proj(x).float())
+        g = kda_gate(self.f_b_proj(f).view(N, H, K), self.dt_bias, self.A_log, self.lower_bound)
+        beta = torch.sigmoid(b.float())
 
         state_cache = ctx.caches.kda_state[self.layer_idx]
-        state = state_cache.index_select(0, slots)
+        state = state_cache[rows] if rows is not None else state_cache.index_select(0, slots)
         if any_fresh:
             state[fresh] = 0
-        if ctx.is_decode:
+        if ctx.is_decode:  # in place: on the pool rows themselves, or on the gathered copy
             o, state = registry.get("kda_decode")(q, k, v, g, beta, state, out_state=state)
         else:
             o, state = registry.get("kda_chunk")(q[None], k[None], v[None], g[None], beta[None],
                                                  initial_state=state, cu_seqlens=ctx.cu_seqlens)
             o = o[0]
-        state_cache.index_copy_(0, slots, state)
+        _store(state_cache, rows, slots, state)
 
-        z = self.g_proj(x) if self.full_rank_gate else self.g_b_proj(self.g_a_proj(x))
+        z = gate if self.full_rank_gate else self.g_b_proj(gate)
         o = self.o_norm(o, z.view(N, H, K)).to(x.dtype)
         return self.o_proj(o.reshape(N, H * K))

@@ -3,7 +3,8 @@
 x ``[N, d]`` packed tokens of the active ``ForwardContext``:
   q = W_qb · RMSNorm(W_qa x)  (q-LoRA, K3)  or  W_q x  (Kimi-Linear)      ``[N, H, Dn + R]``
   [c̃ | k_rot] = W_kva x;  c = RMSNorm(c̃)                                   ``[N, C + R]`` -> paged cache
-  o = attention over the cached latents (expanded for prefill, absorbed for decode)   ``[N, H, Dv]``
+  o = attention over the cached latents   ``[N, H, Dv]``: absorbed (batched) for every sequence that adds one
+      token to a cached context, expanded (per sequence) for prefill chunks
   K3: o <- o ⊙ sigmoid(W_g x)   (gate from the layer *input*)
   out = W_o o
 The latent norms use eps 1e-6 as in the official code (engines use rms_norm_eps; negligible).
@@ -60,23 +61,43 @@ class MLAttention(nn.Module):
         cache = ctx.caches.mla[self.layer_idx]
         mla_ops.write_latents(cache, ctx.slot_mapping, latents)
 
-        dims = dict(nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
         if ctx.is_decode:
-            need = mla_ops.decode_workspace_numel(max(ctx.context_lens), cache.shape[1], cache.shape[2])
-            work = ctx.caches.workspace("mla_latents", need, cache.dtype, cache.device)
-            o = registry.get("mla_decode")(q, cache, ctx.block_tables, ctx.context_lens_tensor,
-                                           self.kv_b_proj.weight, workspace=work, **dims)
+            o = self._decode(q, cache, ctx, ctx.block_tables, ctx.context_lens_tensor, max(ctx.context_lens))
         else:
-            outs = []
-            prefill = registry.get("mla_prefill")
-            for i, (start, n, total) in enumerate(zip(ctx.cu_seqlens.tolist(), ctx.seq_lens, ctx.context_lens)):
-                if n == total:  # nothing cached before: the new latents are the whole context
-                    lat = latents[start:start + n]
-                else:
-                    lat = mla_ops.gather_latents(cache, ctx.block_tables[i], total)
-                outs.append(prefill(q[start:start + n], lat, self.kv_b_proj.weight, **dims))
-            o = torch.cat(outs)
+            o = self._prefill(q, latents, cache, ctx)
         o = o.reshape(N, H * self.v_dim).to(x.dtype)
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x))
         return self.o_proj(o)
+
+    def _decode(self, q: torch.Tensor, cache: torch.Tensor, ctx: ForwardContext, block_tables: torch.Tensor,
+                context_lens: torch.Tensor, max_len: int) -> torch.Tensor:
+        """Absorbed attention for one new token per row: q ``[b, H, Dn + R]`` -> ``[b, H, Dv]``."""
+        need = mla_ops.decode_workspace_numel(max_len, cache.shape[1], cache.shape[2])
+        work = ctx.caches.workspace("mla_latents", need, cache.dtype, cache.device)
+        return registry.get("mla_decode")(q, cache, block_tables, context_lens, self.kv_b_proj.weight,
+                                          workspace=work, nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
+
+    def _prefill(self, q: torch.Tensor, latents: torch.Tensor, cache: torch.Tensor,
+                 ctx: ForwardContext) -> torch.Tensor:
+        """A mixed step: its decode rows (one token after a cached context) share one batched decode call, the
+        other sequences are expanded and attended one at a time."""
+        o = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
+        rows = ctx.decode_rows
+        if rows:
+            r = torch.tensor(rows, device=q.device)
+            tokens = ctx.cu_seqlens.index_select(0, r)
+            o[tokens] = self._decode(q.index_select(0, tokens), cache, ctx, ctx.block_tables.index_select(0, r),
+                                     ctx.context_lens_tensor.index_select(0, r), max(ctx.context_lens[i] for i in rows))
+        prefill = registry.get("mla_prefill")
+        dims = dict(nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
+        skip = set(rows)
+        for i, (start, n, total) in enumerate(zip(ctx.cu_seqlens.tolist(), ctx.seq_lens, ctx.context_lens)):
+            if i in skip:
+                continue
+            if n == total:  # nothing cached before: the new latents are the whole context
+                lat = latents[start:start + n]
+            else:
+                lat = mla_ops.gather_latents(cache, ctx.block_tables[i], total)
+            o[start:start + n] = prefill(q[start:start + n], lat, self.kv_b_proj.weight, **dims)
+        return o

@@ -104,3 +104,32 @@ def collect_slots(module: nn.Module, prefix: str = "", stored_dtype: torch.dtype
     for name, child in module.named_children():
         slots.extend(collect_slots(child, f"{prefix}{name}.", stored_dtype, seen))
     return slots
+
+
+class ConcatCache:
+    """``torch.cat`` of a few parameters, kept between calls and rebuilt when any of them changes.
+
+    Lets a layer run one GEMM over projections the checkpoint stores (and the module holds) separately. A
+    parameter is seen as changed when its storage moved (``.to``, ``to_empty``, a dtype cast by the loader) or
+    its version counter advanced (in-place loads, optimiser steps). While autograd records (a parameter
+    requires grad), the concatenation is rebuilt on every call so gradients reach the parameters.
+    The cache holds a second copy of the weights, so it declines (returns None) above ``max_bytes``: fusing
+    pays for small layers, whose GEMMs are dominated by per-call overhead, not for large ones."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._key: tuple[tuple[int, int], ...] | None = None
+        self._value: torch.Tensor | None = None
+
+    def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor | None:
+        if sum(t.numel() * t.element_size() for t in tensors) > self.max_bytes:
+            return None
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return torch.cat(tensors)
+        key = tuple((t.data_ptr(), t._version) for t in tensors)
+        if key != self._key:
+            # a normal (not inference-mode) tensor, so it may also be used later with autograd on
+            with torch.inference_mode(False), torch.no_grad():
+                self._value = torch.cat(tensors)
+            self._key = key
+        return self._value

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from k3serve.ops import registry
 from k3serve.ops.kda import chunk_kda, intra, kda_decode, naive_recurrent_kda
+from k3serve.ops.kda.chunk import auto_chunk_size
 
 TOL = 1e-5
 LENGTHS = [1, 7, 63, 65, 128, 130, 300]
@@ -103,10 +104,16 @@ def test_varlen_packed_matches_per_sequence() -> None:
     o_naive, s_naive = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu)
     assert_close("naive packed o", o_naive, o_ref)
     assert_close("naive packed state", s_naive, s_ref)
-    for C in CHUNKS:
+    for C in (*CHUNKS, None):  # None: chosen from the lengths
         o, s = chunk_kda(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, chunk_size=C)
         assert_close(f"chunk packed o C={C}", o, o_ref)
         assert_close(f"chunk packed state C={C}", s, s_ref)
+
+
+def test_auto_chunk_size_trades_padding_for_longer_chunks():
+    assert auto_chunk_size([4096]) == 64  # no padding at any size: the fewest hand-off steps
+    assert auto_chunk_size([1] * 19 + [336, 384, 304]) == 16  # many short pieces: 64 would pad them 64-fold
+    assert auto_chunk_size([96, 96, 96]) == 32  # 64 pads by a third, 32 not at all
 
 
 @pytest.mark.parametrize("split", [1, 37, 64, 100])

@@ -61,7 +61,9 @@ def test_decode_small_workspace_and_bf16_cache() -> None:
 
 
 @pytest.mark.parametrize("T", [1, 5, 12])
-def test_prefill_matches_naive(T: int) -> None:
+@pytest.mark.parametrize("tile", [1, 3 * 12 * 5, 1 << 20])  # one query per tile .. all queries in one
+def test_prefill_matches_naive(T: int, tile: int, monkeypatch) -> None:
+    monkeypatch.setattr(paged, "PREFILL_SCORE_ELEMENTS", tile)
     g = torch.Generator().manual_seed(2)
     L = 12
     lat = torch.randn(L, C + R, generator=g)

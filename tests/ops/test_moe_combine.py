@@ -1,4 +1,5 @@
-"""Grouped (padded bmm) routed-expert combine, dense and MXFP4, equals the per-token naive reference."""
+"""Grouped (padded bmm) routed-expert combine, dense and MXFP4, and the all-experts dense form, equal the
+per-token naive reference."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import pytest
 import torch
 
 from k3serve.layers.activation import situ_and_mul, silu_and_mul
-from k3serve.ops.moe import (grouped_expert_combine, mxfp4_expert_combine, naive_expert_combine,
-                             naive_mxfp4_expert_combine)
+from k3serve.ops import registry
+from k3serve.ops.moe import (dense_expert_combine, expert_combine, grouped_expert_combine, mxfp4_expert_combine,
+                             naive_expert_combine, naive_mxfp4_expert_combine)
 from k3serve.ops.mx import mxfp4_dequantize, mxfp4_quantize
 
 
@@ -27,6 +29,54 @@ def test_grouped_equals_naive(N, E, k, D, I, act):
     # fp32 summation order differs (GEMM vs GEMV): compare relative to the output's scale
     assert ((got - want).norm() / want.norm()) < 1e-6
     assert (got - want).abs().max() < 1e-5 * max(1.0, float(want.abs().max()))
+
+
+@pytest.mark.parametrize("N,E,k,D,I", [(1, 4, 1, 8, 4), (7, 16, 4, 32, 12), (65, 64, 8, 24, 40), (3, 8, 8, 16, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_equals_naive(N, E, k, D, I, dtype):
+    g = torch.Generator().manual_seed(N * E + k + 1)
+    u = torch.randn(N, D, generator=g).to(dtype)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
+    weights = torch.rand(N, k, generator=g)
+    w13 = (torch.randn(E, 2 * I, D, generator=g) / D**0.5).to(dtype)
+    w2 = (torch.randn(E, D, I, generator=g) / I**0.5).to(dtype)
+    got = dense_expert_combine(u, weights, ids, w13, w2, silu_and_mul)
+    want = naive_expert_combine(u, weights, ids, w13, w2, silu_and_mul)
+    assert got.dtype == torch.float32 and got.shape == (N, D)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (got - want).abs().max() <= tol * max(1.0, float(want.abs().max()))
+
+
+def test_dense_ignores_overflow_in_experts_not_picked():
+    g = torch.Generator().manual_seed(3)
+    N, E, k, D, I = 4, 8, 2, 16, 8
+    u = torch.randn(N, D, generator=g)
+    ids = torch.tensor([[0, 1]] * N)
+    weights = torch.rand(N, k, generator=g)
+    w13, w2 = torch.randn(E, 2 * I, D, generator=g), torch.randn(E, D, I, generator=g)
+    w13[5] = 1e30  # expert 5 (never picked) overflows to inf
+    got = dense_expert_combine(u, weights, ids, w13, w2, silu_and_mul)
+    torch.testing.assert_close(got, naive_expert_combine(u, weights, ids, w13, w2, silu_and_mul), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("N", [2, 200])
+def test_expert_combine_picks_by_size(N, monkeypatch):
+    import k3serve.ops.moe.dense as dense
+
+    calls = []
+    monkeypatch.setattr(dense, "dense_expert_combine", lambda *a: calls.append("dense") or dense_expert_combine(*a))
+    monkeypatch.setattr(dense, "grouped_expert_combine",
+                        lambda *a: calls.append("grouped") or grouped_expert_combine(*a))
+    g = torch.Generator().manual_seed(N)
+    E, k, D, I = 16, 4, 16, 8
+    u = torch.randn(N, D, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
+    weights = torch.rand(N, k, generator=g)
+    w13, w2 = torch.randn(E, 2 * I, D, generator=g), torch.randn(E, D, I, generator=g)
+    got = expert_combine(u, weights, ids, w13, w2, silu_and_mul)
+    assert calls == (["dense"] if N * E <= dense.DENSE_MAX_ROWS else ["grouped"])
+    torch.testing.assert_close(got, naive_expert_combine(u, weights, ids, w13, w2, silu_and_mul), rtol=1e-4, atol=1e-4)
+    assert registry.get("expert_combine", "torch") is expert_combine
 
 
 @pytest.mark.parametrize("N,E,k", [(1, 4, 2), (9, 16, 4), (40, 64, 8)])

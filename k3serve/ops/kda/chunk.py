@@ -11,8 +11,9 @@ head with incoming state S, Gamma = in-chunk cumsum of g `[C, K]`:
     V_new = U - W S;   O = scale (exp(Gamma) * Q) S + A_qk V_new
     S <- Diag(exp(Gamma_C)) S + (exp(Gamma_C - Gamma) * K)^T V_new
 
-Chunks of all sequences are laid out step-major (chunk n of every sequence that has one, side by side),
-their in-chunk terms are computed in batched ops, and only the state hand-off loops over steps.
+`chunk_size=None` picks C from the sequence lengths (`auto_chunk_size`). Chunks of all sequences are laid out
+step-major (chunk n of every sequence that has one, side by side), their in-chunk terms are computed in
+batched ops, and only the state hand-off loops over steps.
 """
 
 from __future__ import annotations
@@ -26,6 +27,22 @@ from k3serve.ops.kda.validate import check_prefill, default_scale
 
 # Elements per in-chunk tensor in one group of chunks (about 1 MiB of fp32): small enough to stay in cache.
 GROUP_ELEMENTS = 1 << 18
+# Chunk lengths `auto_chunk_size` chooses from, and the padding it accepts for a longer chunk.
+AUTO_CHUNK_SIZES = (64, 32, 16)
+AUTO_PADDING_SLACK = 1.1
+
+
+def auto_chunk_size(lens: list[int]) -> int:
+    """The longest chunk whose zero-padded token count stays within AUTO_PADDING_SLACK of the shortest's.
+
+    Long chunks make fewer state hand-off steps (best for a few long sequences), but each sequence is padded to
+    whole chunks and the in-chunk work grows with C: a continuous-batching step that packs many short pieces
+    (decode tokens, chunked-prefill tails) is faster with short chunks."""
+    def padded(c: int) -> int:
+        return sum(-(-n // c) * c for n in lens)
+
+    floor = padded(AUTO_CHUNK_SIZES[-1])
+    return next(c for c in AUTO_CHUNK_SIZES if padded(c) <= AUTO_PADDING_SLACK * floor)
 
 
 def _layout(
@@ -66,9 +83,11 @@ def chunk_kda(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     bounds = check_prefill(q, k, v, g, beta, initial_state, cu_seqlens)
+    if chunk_size is None:
+        chunk_size = auto_chunk_size([e - s for s, e in bounds])
     if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size!r}")
     B, T, H, K = q.shape
