@@ -10,8 +10,8 @@ ext_modules = [
         ["k3serve/tokenizer/native/module.cpp"],
         depends=[f"k3serve/tokenizer/native/{h}.h" for h in (
             "bpe", "classes", "core", "cuts", "linear_bpe", "prefix_trie", "pretokenize", "py_core",
-            "py_decode", "py_text", "segment_cache", "thread_pool", "tiktoken_file", "unicode_tables",
-            "vocab")],
+            "py_decode", "py_text", "segment_cache", "small_pairs", "thread_pool", "tiktoken_file",
+            "unicode_tables", "vocab")],
         cxx_std=17,
         extra_compile_args=["-O3"],
     ),

@@ -70,6 +70,18 @@ def test_linear_matches_heap_on_short_token_alphabets(tok):
         assert tok._core.bpe(p, LINEAR).tolist() == tok._core.bpe(p, HEAP).tolist(), p[:40]
 
 
+def test_linear_matches_heap_on_three_byte_tokens(tok, ranks):
+    # pieces glued from vocabulary tokens of one to three bytes, half of them of three: most pair
+    # checks then pair a three-byte token with a short one, which the linear encoder answers from
+    # the bytes (small_pairs.h: the split of each three-byte token, and merges into three bytes)
+    rnd = random.Random(6)
+    short = sorted(t for t in ranks if len(t) <= 3)
+    three = [t for t in short if len(t) == 3]
+    for _ in range(400):
+        p = b"".join(rnd.choice(three if rnd.random() < 0.5 else short) for _ in range(rnd.randint(20, 400)))
+        assert tok._core.bpe(p, LINEAR).tolist() == tok._core.bpe(p, HEAP).tolist(), p[:40]
+
+
 @pytest.mark.slow
 def test_linear_matches_heap_many(tok):
     for p in random_pieces(20_000, seed=3, lo=2, hi=600):

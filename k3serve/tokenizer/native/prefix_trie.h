@@ -52,6 +52,14 @@ class PrefixTrie {
     return k;
   }
 
+  // The token of the two bytes at t, or kNone.
+  uint32_t token2(const uint8_t* t) const { return two_[(uint32_t(t[0]) << 8) | t[1]].tok; }
+
+  // The token of the three bytes at t, where the trie has a cell after them.
+  uint32_t token3_known(const uint8_t* t) const {
+    return cells_[two_[(uint32_t(t[0]) << 8) | t[1]].base + t[2]].tok;
+  }
+
   // The token of the three bytes at t, or kNone (from the hot direct tables and one cell).
   uint32_t token3(const uint8_t* t) const {
     const uint32_t ab = (uint32_t(t[0]) << 8) | t[1];
