@@ -62,6 +62,9 @@ class ForwardContext:
     slot_mapping: torch.Tensor = field(init=False)  # [N] flat MLA cache slot of each new token
     has_initial_state: torch.Tensor = field(init=False)  # [B] bool, sequence continues cached state
     is_decode: bool = field(init=False)  # every sequence adds one token to a non-empty cache
+    # values that depend only on this step's metadata, computed by the first layer that needs them and reused
+    # by the others (e.g. the MLA decode chunk plan); keys are chosen by the layers
+    step_memo: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         cu = self.cu_seqlens.tolist()

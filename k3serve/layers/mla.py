@@ -75,8 +75,14 @@ class MLAttention(nn.Module):
         """Absorbed attention for one new token per row: q ``[b, H, Dn + R]`` -> ``[b, H, Dv]``."""
         need = mla_ops.decode_workspace_numel(max_len, cache.shape[1], cache.shape[2])
         work = ctx.caches.workspace("mla_latents", need, cache.dtype, cache.device)
+        # the chunk plan depends only on the step's tables and lengths: the MLA layers of a step share it
+        key = ("mla_decode_plan", ctx.is_decode, cache.shape[1], cache.shape[2])
+        plan = ctx.step_memo.get(key)
+        if plan is None:
+            plan = ctx.step_memo[key] = mla_ops.plan_decode(block_tables, context_lens, cache.shape[1], cache.shape[2])
         return registry.get("mla_decode")(q, cache, block_tables, context_lens, self.kv_b_proj.weight,
-                                          workspace=work, nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
+                                          workspace=work, nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale,
+                                          plan=plan)
 
     def _prefill(self, q: torch.Tensor, latents: torch.Tensor, cache: torch.Tensor,
                  ctx: ForwardContext) -> torch.Tensor:

@@ -19,8 +19,12 @@ from torch import nn
 from k3serve.core.config import TextConfig
 from k3serve.layers.activation import make_glu
 from k3serve.layers.norm import KimiRMSNorm
-from k3serve.layers.weights import WeightSlot, keep_fp32, param_slot
+from k3serve.layers.weights import SwappedCache, WeightSlot, keep_fp32, param_slot
 from k3serve.ops import registry
+
+# Expert weights up to this size (each of w13, w2) also keep a swapped contiguous copy for the grouped
+# combine's small-batch bmm (see ops/moe/grouped.py); larger models skip the extra copy.
+SWAPPED_MAX_BYTES = 16 << 20
 
 
 class GatedMLP(nn.Module):
@@ -95,6 +99,7 @@ class RoutedExperts(nn.Module):
         else:
             self.w13 = nn.Parameter(torch.zeros(E, 2 * I, D))
             self.w2 = nn.Parameter(torch.zeros(E, D, I))
+            self._w13_t, self._w2_t = SwappedCache(SWAPPED_MAX_BYTES), SwappedCache(SWAPPED_MAX_BYTES)
 
     def checkpoint_slots(self, prefix: str) -> list[WeightSlot]:
         I = self.inter
@@ -115,7 +120,8 @@ class RoutedExperts(nn.Module):
     def forward(self, u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """u ``[N, D]``, weights/ids ``[N, k]`` -> ``Σ_k w·expert(u)`` ``[N, D]`` accumulated in fp32."""
         if not self.mxfp4:
-            return registry.get("expert_combine")(u, weights, ids, self.w13, self.w2, self.glu)
+            return registry.get("expert_combine")(u, weights, ids, self.w13, self.w2, self.glu,
+                                                  w13_t=self._w13_t([self.w13]), w2_t=self._w2_t([self.w2]))
         # Packed experts stay packed; the op dequantises only the experts this batch hits, a bounded group at once.
         return registry.get("mxfp4_expert_combine")(u, weights, ids, self.w13_packed, self.w13_scale, self.w2_packed,
                                                     self.w2_scale, self.glu, act_quant=self.act_quant)

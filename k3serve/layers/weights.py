@@ -125,11 +125,24 @@ class ConcatCache:
         if sum(t.numel() * t.element_size() for t in tensors) > self.max_bytes:
             return None
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return torch.cat(tensors)
+            return self._build(tensors)
         key = tuple((t.data_ptr(), t._version) for t in tensors)
         if key != self._key:
             # a normal (not inference-mode) tensor, so it may also be used later with autograd on
             with torch.inference_mode(False), torch.no_grad():
-                self._value = torch.cat(tensors)
+                self._value = self._build(tensors)
             self._key = key
         return self._value
+
+    def _build(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(tensors)
+
+
+class SwappedCache(ConcatCache):
+    """One parameter with its last two dims swapped, stored contiguous (``[E, R, C]`` -> ``[E, C, R]``), kept
+    like ``ConcatCache``: for batched GEMMs that read the weights transposed and run faster on a contiguous
+    operand. Call it with a one-element list."""
+
+    def _build(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        (t,) = tensors
+        return t.transpose(-2, -1).contiguous()

@@ -1,4 +1,4 @@
-"""``ConcatCache`` and the KDA layer's fused input projection: the same output as separate projections, and
+"""``ConcatCache`` (and ``SwappedCache``) and the KDA layer's fused input projection: the same output as separate projections, and
 the fused weights follow every change to the layer's parameters."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 import k3serve.layers.kda as kda_module
 from k3serve.core.config import ModelConfig
 from k3serve.core.context import ForwardContext, forward_context
-from k3serve.layers.weights import ConcatCache
+from k3serve.layers.weights import ConcatCache, SwappedCache
 from k3serve.models.cache import allocate_caches, cache_spec
 from k3serve.models.kimi import build_model
 from k3serve.models.registry import packaged_config
@@ -35,6 +35,20 @@ def test_concat_cache_lets_gradients_through_while_recording():
         cache([a, b])
     cache([a, b]).sum().backward()
     assert torch.equal(a.grad, torch.ones(3, 4)) and torch.equal(b.grad, torch.ones(2, 4))
+
+
+def test_swapped_cache_is_a_contiguous_transpose_that_follows_updates():
+    w = torch.nn.Parameter(torch.randn(5, 3, 4))
+    cache = SwappedCache(max_bytes=1 << 20)
+    with torch.no_grad():
+        first = cache([w])
+        assert first.is_contiguous() and first.shape == (5, 4, 3) and cache([w]) is first
+        torch.testing.assert_close(first, w.mT, rtol=0, atol=0)
+        w.add_(1.0)
+        torch.testing.assert_close(cache([w]), w.mT, rtol=0, atol=0)
+    assert SwappedCache(max_bytes=16)([w]) is None
+    cache([w]).sum().backward()  # recording: built per call, gradients reach the parameter
+    assert torch.equal(w.grad, torch.ones(5, 3, 4))
 
 
 def _kda_layers(name: str):

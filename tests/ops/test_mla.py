@@ -48,6 +48,24 @@ def test_decode_matches_naive(lengths: list[int], with_workspace: bool, chunk: i
         torch.testing.assert_close(got[i:i + 1], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [1, 200, 1 << 18])
+def test_decode_shared_plan(chunk: int, monkeypatch) -> None:
+    """One plan, computed once for the tables and lengths, serves two layers' caches and queries exactly as
+    if each call planned for itself."""
+    monkeypatch.setattr(paged, "DECODE_CHUNK_ELEMENTS", chunk)
+    g = torch.Generator().manual_seed(2)
+    lengths = [33, 2, 16, 9, 30]
+    cache_a, tables, _ = _paged(lengths, g)
+    cache_b = torch.randn(cache_a.shape, generator=g)
+    plan = paged.plan_decode(tables, torch.tensor(lengths), BS, C + R)
+    for cache in (cache_a, cache_b):
+        kv_b = torch.randn(H * (DN + DV), C, generator=g) * 0.3
+        q = torch.randn(len(lengths), H, DN + R, generator=g)
+        want = mla_decode_absorbed(q, cache, tables, torch.tensor(lengths), kv_b, **DIMS)
+        got = mla_decode_absorbed(q, cache, tables, torch.tensor(lengths), kv_b, plan=plan, **DIMS)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_decode_small_workspace_and_bf16_cache() -> None:
     g = torch.Generator().manual_seed(1)
     lengths = [9, 3]

@@ -31,6 +31,25 @@ def test_grouped_equals_naive(N, E, k, D, I, act):
     assert (got - want).abs().max() < 1e-5 * max(1.0, float(want.abs().max()))
 
 
+@pytest.mark.parametrize("N,E,k,D,I", [(1, 4, 1, 8, 4), (7, 16, 4, 32, 12), (56, 16, 4, 24, 40), (65, 64, 8, 24, 40),
+                                       (300, 8, 2, 16, 12)])
+def test_grouped_swapped_weights_equal_naive(N, E, k, D, I):
+    """The swapped contiguous weight copies (used up to SWAPPED_MAX_WIDTH rows per expert, the views beyond)
+    give the naive result, also when only some experts are hit."""
+    g = torch.Generator().manual_seed(N + E + 7)
+    u = torch.randn(N, D, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
+    if N == 65:
+        ids[:, 0] = 3
+    weights = torch.rand(N, k, generator=g)
+    w13, w2 = torch.randn(E, 2 * I, D, generator=g) / D**0.5, torch.randn(E, D, I, generator=g) / I**0.5
+    got = grouped_expert_combine(u, weights, ids, w13, w2, silu_and_mul, w13_t=w13.mT.contiguous(),
+                                 w2_t=w2.mT.contiguous())
+    want = naive_expert_combine(u, weights, ids, w13, w2, silu_and_mul)
+    assert ((got - want).norm() / want.norm()) < 1e-6
+    assert (got - want).abs().max() < 1e-5 * max(1.0, float(want.abs().max()))
+
+
 @pytest.mark.parametrize("N,E,k,D,I", [(1, 4, 1, 8, 4), (7, 16, 4, 32, 12), (65, 64, 8, 24, 40), (3, 8, 8, 16, 16)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dense_equals_naive(N, E, k, D, I, dtype):
@@ -64,9 +83,9 @@ def test_expert_combine_picks_by_size(N, monkeypatch):
     import k3serve.ops.moe.dense as dense
 
     calls = []
-    monkeypatch.setattr(dense, "dense_expert_combine", lambda *a: calls.append("dense") or dense_expert_combine(*a))
+    monkeypatch.setattr(dense, "dense_expert_combine", lambda *a, **kw: calls.append("dense") or dense_expert_combine(*a))
     monkeypatch.setattr(dense, "grouped_expert_combine",
-                        lambda *a: calls.append("grouped") or grouped_expert_combine(*a))
+                        lambda *a, **kw: calls.append("grouped") or grouped_expert_combine(*a, **kw))
     g = torch.Generator().manual_seed(N)
     E, k, D, I = 16, 4, 16, 8
     u = torch.randn(N, D, generator=g)

@@ -9,6 +9,8 @@ directly against the 576-wide cache rows (MQA with head dim C + R for scores and
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -16,8 +18,11 @@ import torch.nn.functional as F
 # bmm, but each chunk costs ~15 ops: on one CPU core at batch 38-56, 4 MiB chunks measured ~8% faster per
 # layer than 1 MiB (and 8 MiB no better).
 DECODE_CHUNK_ELEMENTS = 1 << 20
-# Attention scores per prefill query tile (elements; 4 MiB of fp32): bounds the memory of long prompts.
-PREFILL_SCORE_ELEMENTS = 1 << 20
+# Attention scores per prefill query tile (elements; 1 MiB of fp32): bounds the memory of long prompts, and
+# keeps the tile's scores in L2 for masking, softmax and the second bmm. On one CPU core (H = 4, 48-wide
+# heads) 1 MiB tiles ran a 512-token prompt ~1.7x faster than 4 MiB ones, 1024 tokens ~1.7x; more, smaller
+# tiles also skip more of the causal triangle.
+PREFILL_SCORE_ELEMENTS = 1 << 18
 
 
 def write_latents(cache: torch.Tensor, slot_mapping: torch.Tensor, latents: torch.Tensor) -> None:
@@ -67,13 +72,50 @@ def decode_workspace_numel(max_context_len: int, block_size: int, width: int) ->
     return max(DECODE_CHUNK_ELEMENTS, -(-max_context_len // block_size) * block_size * width)
 
 
+class DecodeChunk(NamedTuple):
+    rows: torch.Tensor | None  # [n] batch rows of the chunk; None: the whole batch, in natural order
+    blocks: torch.Tensor  # [n · nblk] cache blocks to gather (unused table entries clamped to block 0)
+    n: int
+    nblk: int
+    pad: torch.Tensor  # [n, nblk · block_size] bool, True past the row's context
+
+
+def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                width: int) -> list[DecodeChunk]:
+    """The decode chunks of a batch: sequences in order of length, grouped so that each chunk's gathered
+    latents (padded to its longest context) stay under DECODE_CHUNK_ELEMENTS. Depends only on the tables and
+    lengths, so the layers of one step can share it (``mla_decode_absorbed(plan=...)``)."""
+    B = block_tables.shape[0]
+    lens = context_lens.tolist()
+    blocks = [-(-n // block_size) for n in lens]
+    order = sorted(range(B), key=blocks.__getitem__)
+    positions = torch.arange(max(blocks) * block_size, device=block_tables.device)
+    lens_t = context_lens.to(block_tables.device)
+    chunks = []
+    i = 0
+    while i < B:
+        j = i + 1
+        while j < B and (j + 1 - i) * blocks[order[j]] * block_size * width <= DECODE_CHUNK_ELEMENTS:
+            j += 1
+        n, nblk = j - i, blocks[order[j - 1]]
+        whole = n == B  # one chunk: natural order, no row gathers
+        rows = None if whole else torch.tensor(order[i:j], device=block_tables.device)
+        table = block_tables if whole else block_tables.index_select(0, rows)
+        pad = positions[: nblk * block_size] >= (lens_t if whole else lens_t.index_select(0, rows))[:, None]
+        chunks.append(DecodeChunk(rows, table[:, :nblk].clamp(min=0).reshape(-1), n, nblk, pad))
+        i = j
+    return chunks
+
+
 def mla_decode_absorbed(q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor,
                         context_lens: torch.Tensor, kv_b: torch.Tensor, *, nope_dim: int, v_dim: int,
-                        scale: float, workspace: torch.Tensor | None = None) -> torch.Tensor:
+                        scale: float, workspace: torch.Tensor | None = None,
+                        plan: list[DecodeChunk] | None = None) -> torch.Tensor:
     """One new token per sequence: q ``[B, H, Dn + R]`` -> ``[B, H, Dv]`` (fp32 scores and softmax).
 
     ``workspace``: optional flat buffer in the cache's dtype for the gathered latents, used when it has at
-    least ``decode_workspace_numel(max(context_lens), block_size, C + R)`` elements."""
+    least ``decode_workspace_numel(max(context_lens), block_size, C + R)`` elements. ``plan``: this batch's
+    ``plan_decode`` (for these tables, lengths and cache shape), computed here when not given."""
     B, H, _ = q.shape
     C = kv_b.shape[1]
     bs, width = cache.shape[1], cache.shape[2]
@@ -84,37 +126,24 @@ def mla_decode_absorbed(q: torch.Tensor, cache: torch.Tensor, block_tables: torc
     torch.bmm(qf[..., :nope_dim].transpose(0, 1), w[:, :nope_dim], out=q_cat[..., :C].transpose(0, 1))
     q_cat[..., C:] = qf[..., nope_dim:]
     q_cat.mul_(scale)
-    lens = context_lens.tolist()
-    blocks = [-(-n // bs) for n in lens]
-    need = decode_workspace_numel(max(lens), bs, width)
+    if plan is None:
+        plan = plan_decode(block_tables, context_lens, bs, width)
+    need = max(c.n * c.nblk for c in plan) * bs * width
     if workspace is None or workspace.numel() < need or workspace.dtype != cache.dtype:
         workspace = torch.empty(need, dtype=cache.dtype, device=cache.device)
     # Sequences go in chunks of similar length (sorted), each gathered into the same small buffer: the gathered
     # latents then stay in cache for both bmm (scores against the full C + R rows, values against the first C),
     # so the latents cross memory once, and each chunk is padded only to its own longest context.
-    order = sorted(range(B), key=blocks.__getitem__)
     o_lat = torch.empty(B, H, C, dtype=torch.float32, device=q.device)
-    positions = torch.arange(max(blocks) * bs, device=q.device)
-    lens_t = context_lens.to(q.device)
-    i = 0
-    while i < B:
-        j = i + 1
-        while j < B and (j + 1 - i) * blocks[order[j]] * bs * width <= DECODE_CHUNK_ELEMENTS:
-            j += 1
-        n, nblk = j - i, blocks[order[j - 1]]
-        whole = n == B  # one chunk: natural order, no row gathers
-        rows = None if whole else torch.tensor(order[i:j], device=q.device)
-        table = block_tables if whole else block_tables.index_select(0, rows)
-        idx = table[:, :nblk].clamp(min=0).reshape(-1)
-        lat = torch.index_select(cache, 0, idx, out=workspace[: n * nblk * bs * width].view(n * nblk, bs, width))
+    for c in plan:
+        n, nblk = c.n, c.nblk
+        lat = torch.index_select(cache, 0, c.blocks, out=workspace[: n * nblk * bs * width].view(n * nblk, bs, width))
         lat = lat.view(n, nblk * bs, width).float()
-        scores = torch.bmm(q_cat if whole else q_cat.index_select(0, rows), lat.transpose(1, 2))  # [n, H, L]
-        pad = positions[: nblk * bs] >= (lens_t if whole else lens_t.index_select(0, rows))[:, None]
-        scores.masked_fill_(pad[:, None, :], float("-inf"))
+        scores = torch.bmm(q_cat if c.rows is None else q_cat.index_select(0, c.rows), lat.transpose(1, 2))
+        scores.masked_fill_(c.pad[:, None, :], float("-inf"))  # [n, H, L]
         out = torch.bmm(torch.softmax(scores, dim=-1), lat[..., :C])  # [n, H, C]
-        if whole:
+        if c.rows is None:
             o_lat = out
         else:
-            o_lat.index_copy_(0, rows, out)
-        i = j
+            o_lat.index_copy_(0, c.rows, out)
     return torch.bmm(o_lat.transpose(0, 1), w[:, nope_dim:].transpose(1, 2)).transpose(0, 1).to(q.dtype)

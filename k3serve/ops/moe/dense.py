@@ -38,8 +38,10 @@ def dense_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Tens
 
 
 def expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
-                   w2: torch.Tensor, glu: Glu) -> torch.Tensor:
-    """The dense form for small batches, the grouped (padded bmm) form for large ones."""
+                   w2: torch.Tensor, glu: Glu, *, w13_t: torch.Tensor | None = None,
+                   w2_t: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense form for small batches, the grouped (padded bmm) form for large ones (which may use the
+    optional swapped weight copies, see ``grouped.py``)."""
     if u.shape[0] * w13.shape[0] <= DENSE_MAX_ROWS:
         return dense_expert_combine(u, weights, ids, w13, w2, glu)
-    return grouped_expert_combine(u, weights, ids, w13, w2, glu)
+    return grouped_expert_combine(u, weights, ids, w13, w2, glu, w13_t=w13_t, w2_t=w2_t)

@@ -5,6 +5,11 @@ experts' stacked weights with ``bmm``; each (token, slot) result is put back in 
 summed in slot order (no scatter-add). Shapes as in
 ``naive.py``. Padding costs ``E_hit · max_count`` rows, which stays close to ``N·k`` when routing is balanced.
 
+Callers may pass ``w13_t`` / ``w2_t``: the same weights with the last two dims swapped and stored contiguous
+(``[E, D, 2I]`` / ``[E, I, D]``). On one CPU core a bmm against a contiguous right operand is ~15-25% faster
+than against a transposed view while each expert holds a few dozen rows (decode steps), and slower beyond
+~64 rows, so they are used up to SWAPPED_MAX_WIDTH rows.
+
 ``mxfp4_expert_combine`` is the same with MXFP4-packed experts (``[E, rows, cols/2]`` codes + ``[E, rows,
 cols/32]`` scales): only the experts the batch hits are dequantised, a bounded group of them at a time.
 """
@@ -21,6 +26,8 @@ from k3serve.ops.mx.quant import fp4_dequant_rows, mxfp8_fake_quant
 Glu = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # Dequantised expert weights held at once by the MXFP4 combine (elements): 16 Mi fp32 = 64 MiB.
 _DEQUANT_ELEMENTS = 1 << 24
+# Rows per expert up to which the swapped (contiguous) weights are used; measured crossover ~40-70 rows.
+SWAPPED_MAX_WIDTH = 48
 
 
 class Layout(NamedTuple):
@@ -34,34 +41,31 @@ def route_layout(ids: torch.Tensor, num_experts: int) -> Layout:
     N, k = ids.shape
     flat = ids.reshape(-1)
     order = flat.argsort(stable=True)
-    all_counts = torch.bincount(flat, minlength=num_experts).tolist()
+    counts = torch.bincount(flat, minlength=num_experts)
+    all_counts = counts.tolist()
     hit = [e for e, c in enumerate(all_counts) if c]
-    counts = [all_counts[e] for e in hit]
-    width = max(counts)
-    # sorted assignment j of group g sits at row g·width + (j - start_g)
-    starts, s = [], 0
-    for c in counts:
-        starts.append(s)
-        s += c
-    shift = torch.tensor([g * width - st for g, st in enumerate(starts)])
-    dest = torch.arange(flat.numel()) + torch.repeat_interleave(shift, torch.tensor(counts))
+    width = max(all_counts)
+    # sorted assignment j on expert e (the g-th hit expert, whose run starts at start_e) sits at padded row
+    # g·width + (j - start_e); the per-expert shift is computed as tensors, not in a Python loop over experts
+    shift = ((counts > 0).cumsum(0) - 1) * width - (counts.cumsum(0) - counts)
+    dest = torch.arange(flat.numel()).add_(shift.index_select(0, flat.index_select(0, order)))
     token_of_row = torch.full((len(hit) * width,), N, dtype=torch.long)
-    token_of_row[dest] = order // k
-    row_of = torch.empty_like(dest)
-    row_of[order] = dest
+    token_of_row.index_copy_(0, dest, order.div(k, rounding_mode="floor"))
+    row_of = torch.empty_like(dest).index_copy_(0, order, dest)
     return Layout(hit, width, token_of_row, row_of)
 
 
-def _gemms(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, glu: Glu,
+def _gemms(x: torch.Tensor, w13t: torch.Tensor, w2t: torch.Tensor, glu: Glu,
            act_quant: str | None = None) -> torch.Tensor:
-    """x ``[G, width, D]`` through G experts: ``W2 glu(W13 x)`` -> ``[G, width, D_out]``; each GEMM runs in
-    the weights' dtype and its result is cast back to x's, as ``mxfp4_linear`` does."""
-    inter = w2.shape[-1]
-    h = torch.bmm(x.to(w13.dtype), w13.transpose(1, 2)).to(x.dtype)
+    """x ``[G, width, D]`` through G experts given transposed weights (``[G, D, 2I]``, ``[G, I, D_out]``, any
+    strides): ``W2 glu(W13 x)`` -> ``[G, width, D_out]``; each GEMM runs in the weights' dtype and its result
+    is cast back to x's, as ``mxfp4_linear`` does."""
+    inter = w2t.shape[1]
+    h = torch.bmm(x.to(w13t.dtype), w13t).to(x.dtype)
     a = glu(h[..., :inter], h[..., inter:])
     if act_quant is not None:
         a = mxfp8_fake_quant(a, act_quant)
-    return torch.bmm(a.to(w2.dtype), w2.transpose(1, 2)).to(x.dtype)
+    return torch.bmm(a.to(w2t.dtype), w2t).to(x.dtype)
 
 
 def _pack_tokens(u: torch.Tensor, lay: Layout) -> torch.Tensor:
@@ -79,12 +83,17 @@ def _combine(y: torch.Tensor, lay: Layout, weights: torch.Tensor) -> torch.Tenso
 
 
 def grouped_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
-                           w2: torch.Tensor, glu: Glu) -> torch.Tensor:
+                           w2: torch.Tensor, glu: Glu, *, w13_t: torch.Tensor | None = None,
+                           w2_t: torch.Tensor | None = None) -> torch.Tensor:
     lay = route_layout(ids, w13.shape[0])
+    if w13_t is not None and w2_t is not None and lay.width <= SWAPPED_MAX_WIDTH:
+        w13t, w2t = w13_t, w2_t
+    else:
+        w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
     if len(lay.hit) < w13.shape[0]:
         hit = torch.tensor(lay.hit)
-        w13, w2 = w13.index_select(0, hit), w2.index_select(0, hit)
-    return _combine(_gemms(_pack_tokens(u, lay), w13, w2, glu), lay, weights)
+        w13t, w2t = w13t.index_select(0, hit), w2t.index_select(0, hit)
+    return _combine(_gemms(_pack_tokens(u, lay), w13t, w2t, glu), lay, weights)
 
 
 def mxfp4_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13_packed: torch.Tensor,
@@ -108,5 +117,6 @@ def mxfp4_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Tens
                                w13_scale.index_select(0, sel).view(n * rows13, -1), compute)
         w2 = fp4_dequant_rows(w2_packed.index_select(0, sel).view(n * rows2, half_i),
                               w2_scale.index_select(0, sel).view(n * rows2, -1), compute)
-        y[g0:g0 + n] = _gemms(x[g0:g0 + n], w13.view(n, rows13, -1), w2.view(n, rows2, -1), glu, act_quant)
+        y[g0:g0 + n] = _gemms(x[g0:g0 + n], w13.view(n, rows13, -1).transpose(1, 2),
+                               w2.view(n, rows2, -1).transpose(1, 2), glu, act_quant)
     return _combine(y, lay, weights)

@@ -15,7 +15,9 @@ from k3serve.ops.mx.linear import mxfp4_linear
 
 
 def naive_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
-                         w2: torch.Tensor, glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                         w2: torch.Tensor, glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
+                         w13_t: torch.Tensor | None = None, w2_t: torch.Tensor | None = None) -> torch.Tensor:
+    """``w13_t`` / ``w2_t`` (swapped weight copies that faster forms may use) are accepted and ignored."""
     inter = w2.shape[-1]
     out = torch.zeros(u.shape[0], w2.shape[1], dtype=torch.float32)
     for n in range(u.shape[0]):

@@ -30,30 +30,41 @@ def causal_conv1d(
     T, C = x.shape
     W, N, dev = w.shape[1], len(bounds), x.device
     h = W - 1
-    # One buffer [state_0, x_0, state_1, x_1, ...]: every sequence's window is then a contiguous run, so the
-    # whole packed batch is W shifted multiply-adds.
-    lens = torch.tensor([e - s for s, e in bounds], device=dev)
+    xf = x.float()
     starts = torch.tensor([s for s, _ in bounds], device=dev)
-    seq_id = torch.repeat_interleave(torch.arange(N, device=dev), lens)
-    x_pos = torch.arange(T, device=dev) + h * (seq_id + 1)
-    hist = torch.arange(h, device=dev)
-    state_pos = (starts + h * torch.arange(N, device=dev))[:, None] + hist
-    buf = torch.empty(T + N * h, C, dtype=torch.float32, device=dev)
-    buf[x_pos] = x.float()
-    if conv_state is None:
-        buf[state_pos.flatten()] = 0.0
-    else:
-        buf[state_pos.flatten()] = conv_state.float().transpose(1, 2).reshape(N * h, C)
-    acc = buf[: buf.shape[0] - h] * w[:, 0]
+    lens = torch.tensor([e - s for s, e in bounds], device=dev)
+    state = (torch.zeros(N * h, C, device=dev) if conv_state is None
+             else conv_state.float().transpose(1, 2).reshape(N * h, C))
+
+    def window(q: torch.Tensor) -> torch.Tensor:
+        """Rows at positions q ``[N, m]`` of each sequence's [state_i (h rows), x_i] -> ``[N, m, C]``."""
+        from_x = xf.index_select(0, (starts[:, None] + q - h).clamp(0, T - 1).flatten())
+        from_state = state.index_select(0, (torch.arange(N, device=dev)[:, None] * h + q.clamp(max=h - 1)).flatten())
+        return torch.where((q < h).flatten()[:, None], from_state, from_x).view(*q.shape, C)
+
+    # An output row at least h rows into its sequence reads only that sequence's inputs, so W shifted
+    # multiply-adds over the packed x give every such row (no copy of x into a padded buffer). The first h
+    # rows of each sequence, which read its state, are redone on small [state_i, x_i[:h]] windows and put
+    # back; the products are summed in the same order either way, so the result does not depend on which.
+    acc = torch.empty(T, C, dtype=torch.float32, device=dev)
+    if T > h:
+        if torch.is_grad_enabled():  # out= is not recorded by autograd: copy, then multiply in place
+            acc[h:].copy_(xf[: T - h]).mul_(w[:, 0])
+        else:
+            torch.mul(xf[: T - h], w[:, 0], out=acc[h:])
+        for j in range(1, W):
+            acc[h:].addcmul_(xf[j: T - h + j], w[:, j])
+    head = window(torch.arange(2 * h, device=dev).expand(N, 2 * h))
+    head_acc = head[:, :h] * w[:, 0]
     for j in range(1, W):
-        acc.addcmul_(buf[j : buf.shape[0] - h + j], w[:, j])
-    y = acc[x_pos - h]
-    if activation == "silu":
-        y = F.silu(y, inplace=True)
-    ends = starts + lens
-    new_pos = (ends + h * torch.arange(N, device=dev))[:, None] + hist
+        head_acc.addcmul_(head[:, j: j + h], w[:, j])
+    r = torch.arange(h, device=dev)
+    inside = (r < lens[:, None]).flatten()  # sequences shorter than h have fewer head rows
+    acc.index_copy_(0, (starts[:, None] + r).flatten()[inside], head_acc.view(N * h, C)[inside])
+    y = F.silu(acc, inplace=True) if activation == "silu" else acc
     state_dtype = conv_state.dtype if conv_state is not None else x.dtype
-    new_state = buf[new_pos.flatten()].view(N, h, C).transpose(1, 2).to(state_dtype).contiguous()
+    # the new state: the last h rows of [state_i, x_i], older state shifted in for short sequences
+    new_state = window(lens[:, None] + r).transpose(1, 2).to(state_dtype).contiguous()
     return y.to(x.dtype), new_state
 
 
