@@ -109,16 +109,19 @@ def collect_slots(module: nn.Module, prefix: str = "", stored_dtype: torch.dtype
 class ConcatCache:
     """``torch.cat`` of a few parameters, kept between calls and rebuilt when any of them changes.
 
-    Lets a layer run one GEMM over projections the checkpoint stores (and the module holds) separately. A
-    parameter is seen as changed when its storage moved (``.to``, ``to_empty``, a dtype cast by the loader) or
-    its version counter advanced (in-place loads, optimiser steps). While autograd records (a parameter
+    Lets a layer run one GEMM over projections the checkpoint stores (and the module holds) separately. An
+    input is seen as changed when it is another tensor object (``.to``, a dtype cast by the loader, or a
+    parametrisation that computes the weight on each access), its storage moved (``.data =``, ``to_empty``) or
+    its version counter advanced (in-place loads, optimiser steps). The inputs themselves are kept for that
+    comparison: an address alone is not an identity, since a freshly computed weight can land where the
+    previous one was freed, with the same (zero) version. While autograd records (a parameter
     requires grad), the concatenation is rebuilt on every call so gradients reach the parameters.
     The cache holds a second copy of the weights, so it declines (returns None) above ``max_bytes``: fusing
     pays for small layers, whose GEMMs are dominated by per-call overhead, not for large ones."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._key: tuple[tuple[int, int], ...] | None = None
+        self._key: list[tuple[torch.Tensor, int, int]] = []
         self._value: torch.Tensor | None = None
 
     def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor | None:
@@ -126,8 +129,9 @@ class ConcatCache:
             return None
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self._build(tensors)
-        key = tuple((t.data_ptr(), t._version) for t in tensors)
-        if key != self._key:
+        key = [(t, t.data_ptr(), t._version) for t in tensors]
+        if len(key) != len(self._key) or any(a is not b or pa != pb or va != vb
+                                             for (a, pa, va), (b, pb, vb) in zip(key, self._key)):
             # a normal (not inference-mode) tensor, so it may also be used later with autograd on
             with torch.inference_mode(False), torch.no_grad():
                 self._value = self._build(tensors)

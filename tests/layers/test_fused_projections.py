@@ -3,6 +3,8 @@ the fused weights follow every change to the layer's parameters."""
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
 import k3serve.layers.kda as kda_module
@@ -26,6 +28,20 @@ def test_concat_cache_follows_in_place_updates_and_declines_large_weights():
         b.data = b.data.double().float()  # storage replaced (as the loader's dtype cast)
         torch.testing.assert_close(cache([a, b]), torch.cat([a, b]), rtol=0, atol=0)
     assert ConcatCache(max_bytes=16)([a, b]) is None
+
+
+def test_concat_cache_sees_a_fresh_tensor_at_a_reused_address():
+    """A parametrised weight (QAT fake-quant) is computed anew on each access; the allocator may put the new
+    one where the previous one was freed, with the same zero version. The cache must still rebuild."""
+    buf = bytearray(4 * 8)
+    cache = ConcatCache(max_bytes=1 << 20)
+    with torch.no_grad():
+        w1 = torch.frombuffer(buf, dtype=torch.float32).view(2, 4)
+        assert torch.equal(cache([w1]), torch.zeros(2, 4))
+        buf[:] = struct.pack("8f", *range(8))  # new contents behind torch's back: no version bump
+        w2 = torch.frombuffer(buf, dtype=torch.float32).view(2, 4)  # same address, fresh version 0
+        assert w2.data_ptr() == w1.data_ptr() and w2._version == w1._version
+        torch.testing.assert_close(cache([w2]), torch.arange(8.0).view(2, 4), rtol=0, atol=0)
 
 
 def test_concat_cache_lets_gradients_through_while_recording():
