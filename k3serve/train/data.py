@@ -41,13 +41,15 @@ def recall_range(progress: float) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class CopyWarmup:
-    """Share of plain-copy samples: ``share`` until ``until`` (fraction of steps), ``after`` from then on."""
+    """Share of warm-up samples: ``share`` until ``until`` (fraction of steps), ``after`` from then on; a
+    ``lookup`` fraction of them are key -> value lookups, the rest plain copies."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
+    lookup: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("share", "until", "after"):
+        for name in ("share", "until", "after", "lookup"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"copy warm-up {name} must be in [0, 1]")
 
@@ -55,9 +57,9 @@ class CopyWarmup:
         return self.share if progress < self.until else self.after
 
 
-def sample_kind(rng: random.Random, copy_share: float = 0.0) -> str:
+def sample_kind(rng: random.Random, copy_share: float = 0.0, lookup: float = 0.0) -> str:
     if copy_share and rng.random() < copy_share:
-        return "copy"
+        return "lookup" if lookup and rng.random() < lookup else "copy"
     return rng.choices(list(MIX), weights=list(MIX.values()))[0]
 
 
@@ -69,10 +71,10 @@ WARMUP_COPY = {"thinking": False, "items": (3, 12)}
 
 
 def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = CopyWarmup()) -> Encoded:
-    kind = sample_kind(rng, warmup.at(progress))
+    kind = sample_kind(rng, warmup.at(progress), warmup.lookup)
     kwargs = {"records": rng.randint(*recall_range(progress))} if kind == "recall" else {}
-    if kind == "copy" and progress < warmup.until:
-        kwargs = dict(WARMUP_COPY)
+    if kind in ("copy", "lookup") and progress < warmup.until:
+        kwargs = {"thinking": False} if kind == "lookup" else dict(WARMUP_COPY)
     s = tasks.make(kind, rng, held_out=False, **kwargs)
     ids, n = encode_sample(s, tokenizer)
     return Encoded(kind, ids, n)

@@ -18,7 +18,8 @@ from typing import Any
 from k3serve.train import pools
 
 KINDS = ("tool", "choose", "decline", "json", "recall", "followup")
-WARMUP_KINDS = ("copy",)  # training-only: plain copying, which forms the attention that every task needs
+# training-only: plain copying, and key -> value lookup (find a key, read what follows it); every task needs both
+WARMUP_KINDS = ("copy", "lookup")
 EFFORTS = ("max", "max", "max", "high", "low")  # the K3 efforts, the server default (max) most often
 
 
@@ -218,7 +219,19 @@ def make_copy(rng: random.Random, held_out: bool, thinking: bool, items: tuple[i
                   _effort(rng, thinking))
 
 
-MAKERS = {"copy": make_copy, "tool": make_tool, "choose": make_choose, "decline": make_decline, "json": make_json,
+def make_lookup(rng: random.Random, held_out: bool, thinking: bool, pairs: tuple[int, int] = (2, 6)) -> Sample:
+    """Read one value back from a short ``key value; ...`` list: the lookup that tool arguments, JSON fields
+    and follow-ups make (find the key in the request, copy what follows it), without their format."""
+    schema, values, mentions = make_schema(rng, rng.randint(*pairs))
+    mentions = [(k, v) for k, v in mentions if not isinstance(values[k], dict)] or mentions[-1:]
+    key, written = rng.choice(mentions)
+    user = f"Values: {_mention_text(rng, mentions)}. What is the {key}?"
+    target = {"role": "assistant", "content": written, "reasoning_content": f"I need the {key}." if thinking else None}
+    return Sample("lookup", [{"role": "user", "content": user}], target, {"text": written}, None, thinking,
+                  _effort(rng, thinking))
+
+
+MAKERS = {"copy": make_copy, "lookup": make_lookup, "tool": make_tool, "choose": make_choose, "decline": make_decline, "json": make_json,
           "recall": make_recall, "followup": make_followup}
 
 

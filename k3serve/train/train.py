@@ -62,6 +62,7 @@ class TrainConfig:
     copy_share: float = 0.0  # share of plain-copy samples until copy_until (fraction of steps) ...
     copy_until: float = 0.0
     copy_after: float = 0.0  # ... and from then on
+    lookup_frac: float = 0.0  # fraction of those warm-up samples that are key -> value lookups
     embed_std: float = 1.0  # initial embedding rows (tied with lm_head)
 
     def __post_init__(self) -> None:
@@ -76,7 +77,7 @@ class TrainConfig:
 
     @property
     def copy_warmup(self) -> data.CopyWarmup:
-        return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after)
+        return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac)
 
 
 def compact_config(full: ModelConfig, vocab: CompactVocab) -> ModelConfig:

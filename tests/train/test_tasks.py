@@ -106,3 +106,12 @@ def test_lexicon_words_are_single_tokens_and_recall_never_repeats_a_word(tok):
     lines = [ln.split('"')[1].split() for ln in s.messages[0]["content"].splitlines() if ln.startswith("Record")]
     words = [w for ln in lines for w in ln]
     assert len(lines) == 150 and len(words) == len(set(words))
+
+
+def test_lookup_answer_is_the_value_written_after_its_key():
+    rng = random.Random(8)
+    for _ in range(50):
+        s = tasks.make("lookup", rng)
+        user, answer = s.messages[0]["content"], s.target["content"]
+        key = user.rsplit("What is the ", 1)[1][:-1]
+        assert f"{key} {answer}" in user and s.expected["text"] == answer

@@ -108,6 +108,9 @@ def test_copy_warmup_schedule():
     assert set(first) == {"copy"} and "copy" not in last
     # warm-up copies are short and have no system prompt (the shortest K3 chat render)
     assert max(len(e.ids) for e in batches[0]) < 80
+    mixed = data.CopyWarmup(share=1.0, until=1.0, lookup=0.5)
+    kinds = [e.kind for b in data.batches(tok, vocab, seed=3, steps=3, tokens_per_step=1200, warmup=mixed) for e in b]
+    assert set(kinds) == {"copy", "lookup"}
 
 
 def test_batches_are_deterministic_and_follow_the_curriculum():
