@@ -63,18 +63,18 @@ def sample_kind(rng: random.Random, copy_share: float = 0.0, lookup: float = 0.0
     return rng.choices(list(MIX), weights=list(MIX.values()))[0]
 
 
-# Copy samples during the warm-up are short and without a system prompt: on the real format, copying
-# formed within ~400 steps at 12 items and ~40-token prompts, and not within 400 steps at 24 items with
-# the ~60-token thinking-effort system message in front (softmax attention without positions spreads
-# over every earlier token, so a longer context delays the induction it has to find).
-WARMUP_COPY = {"thinking": False, "items": (3, 12)}
+# Warm-up samples are short and without a system prompt: on the real format, copying formed within ~400
+# steps at 12 items and ~40-token prompts, and not within 400 steps at 24 items with the ~60-token
+# thinking-effort system message in front (softmax attention without positions spreads over every earlier
+# token, so a longer context delays the induction it has to find).
+WARMUP = {"copy": {"thinking": False, "items": (3, 12)}, "lookup": {"thinking": False}}
 
 
 def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = CopyWarmup()) -> Encoded:
     kind = sample_kind(rng, warmup.at(progress), warmup.lookup)
     kwargs = {"records": rng.randint(*recall_range(progress))} if kind == "recall" else {}
-    if kind in ("copy", "lookup") and progress < warmup.until:
-        kwargs = {"thinking": False} if kind == "lookup" else dict(WARMUP_COPY)
+    if kind in WARMUP and progress < warmup.until:
+        kwargs = dict(WARMUP[kind])
     s = tasks.make(kind, rng, held_out=False, **kwargs)
     ids, n = encode_sample(s, tokenizer)
     return Encoded(kind, ids, n)
