@@ -34,7 +34,7 @@ def test_grouped_equals_naive(N, E, k, D, I, act):
 @pytest.mark.parametrize("N,E,k,D,I", [(1, 4, 1, 8, 4), (7, 16, 4, 32, 12), (56, 16, 4, 24, 40), (65, 64, 8, 24, 40),
                                        (300, 8, 2, 16, 12)])
 def test_grouped_swapped_weights_equal_naive(N, E, k, D, I):
-    """The swapped contiguous weight copies (used up to SWAPPED_MAX_WIDTH rows per expert, the views beyond)
+    """The swapped contiguous weight copies (used whenever given, at any width per expert)
     give the naive result, also when only some experts are hit."""
     g = torch.Generator().manual_seed(N + E + 7)
     u = torch.randn(N, D, generator=g)

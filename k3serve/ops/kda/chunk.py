@@ -102,15 +102,20 @@ def chunk_kda(
     uniform = N > 0 and all(e - s == T_seq for s, e in bounds) and T_seq % C == 0
     steps = len(active)
 
+    # Row of each (token, head) in the head-major chunk layout `[slots, H, C]`: tokens are scattered into and
+    # gathered out of that layout directly, without a `[slots, C, H]` buffer and a transposed copy of it.
+    rows_th = None if uniform else (((dst // C) * (H * C) + dst % C)[:, None]
+                                    + torch.arange(H, device=dev) * C).reshape(-1)
+
     def to_chunks(x: torch.Tensor) -> torch.Tensor:
         """Packed `[B*T, H, D]` -> zero-padded chunks `[slots * H, C, D]` fp32."""
         d = x.shape[3] if x.dim() == 4 else 1
         if uniform:
             x = x.reshape(N, steps, C, H, d).permute(1, 0, 3, 2, 4)
             return x.to(f32).reshape(slots * H, C, d)
-        out = torch.zeros(slots * C, H, d, dtype=f32, device=dev)
-        out.index_copy_(0, dst, x.reshape(B * T, H, d).to(f32))
-        return out.view(slots, C, H, d).transpose(1, 2).reshape(slots * H, C, d)
+        out = torch.zeros(slots * H * C, d, dtype=f32, device=dev)
+        out.index_copy_(0, rows_th, x.reshape(B * T * H, d).to(f32))
+        return out.view(slots * H, C, d)
 
     qc, kc, gc, vc = to_chunks(q.float() * scale), to_chunks(k), to_chunks(g), to_chunks(v)
     bc = to_chunks(beta).view(slots, H, C, 1)
@@ -147,7 +152,7 @@ def chunk_kda(
     if uniform:
         o = o.view(steps, N, H, C, V).permute(1, 0, 3, 2, 4)
     else:
-        o = o.transpose(1, 2).reshape(slots * C, H, V)[dst]
+        o = o.view(slots * H * C, V).index_select(0, rows_th)
     return o.reshape(B, T, H, V).to(v.dtype), final
 
 
