@@ -15,6 +15,14 @@ ext_modules = [
         cxx_std=17,
         extra_compile_args=["-O3"],
     ),
+    # fused fp32 CPU decode kernels (k3serve/ops/cpu/native/): MLA over the paged cache, the KDA step
+    Pybind11Extension(
+        "k3serve.ops.cpu._kernels",
+        ["k3serve/ops/cpu/native/module.cpp"],
+        depends=[f"k3serve/ops/cpu/native/{h}.h" for h in ("kda_decode", "mla_decode", "simd")],
+        cxx_std=17,
+        extra_compile_args=["-O3", "-Wno-psabi"],  # psabi: notes on vector types, which never cross an ABI boundary
+    ),
 ]
 
 setup(ext_modules=ext_modules)

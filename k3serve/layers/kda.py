@@ -8,7 +8,8 @@ x ``[N, d]`` packed tokens of the active ``ForwardContext``:
       Kimi-Linear: ``-exp(A_log_h) · softplus(f + dt_bias)``,            f = W_fb W_fa x
       K3:          ``lower_bound · sigmoid(exp(A_log_h) · (f + dt_bias))``
   beta = sigmoid(W_b x) ``[N, H]``
-  delta-rule recurrence (ops ``kda_chunk`` / ``kda_decode``), state ``kda_state[layer]`` ``[slots, H, K, V]``
+  delta-rule recurrence (ops ``kda_chunk`` / ``kda_decode``), state ``kda_state[layer]`` ``[slots, H, K, V]``;
+  a decode step runs conv, norms, gate, beta and recurrence as one op, ``kda_decode_step``
   out = W_o · GatedRMSNorm(o, z); z = W_g x (K3, full rank) or W_gb W_ga x (Kimi-Linear)
 In small layers the projections of x (q, k, v, f_a, b and g or g_a) run as one GEMM over their concatenated
 weights; the modules keep their own (checkpoint) parameters. States are updated in place in the pool when the engine has
@@ -26,26 +27,11 @@ from k3serve.core.context import ForwardContext
 from k3serve.layers.norm import GatedRMSNorm
 from k3serve.layers.weights import ConcatCache, WeightSlot, a_log_slot, keep_fp32
 from k3serve.ops import registry
+from k3serve.ops.kda import kda_gate, l2_normalize  # noqa: F401  (kda_gate: re-exported for callers)
+from k3serve.ops.kda.step import L2_EPS
 
-L2_EPS = 1e-6
 # Projection weights up to this size run as one fused GEMM over a concatenated copy (see ConcatCache).
 FUSE_MAX_BYTES = 16 << 20
-
-
-def l2_normalize(x: torch.Tensor) -> torch.Tensor:
-    xf = x.float()
-    return xf / torch.sqrt((xf * xf).sum(-1, keepdim=True) + L2_EPS)
-
-
-def kda_gate(f: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor,
-             lower_bound: float | None) -> torch.Tensor:
-    """Log decay g ``[N, H, K]`` from the low-rank gate projection f ``[N, H, K]`` (fp32 math)."""
-    H, K = f.shape[-2:]
-    x = f.float() + dt_bias.float().view(H, K)
-    rate = a_log.float().exp().view(H, 1)
-    if lower_bound is None:
-        return -rate * F.softplus(x, beta=1.0, threshold=20.0)
-    return lower_bound * torch.sigmoid(rate * x)
 
 
 def _store(cache: torch.Tensor, rows: slice | None, slots: torch.Tensor, new: torch.Tensor) -> None:
@@ -128,28 +114,25 @@ class KimiDeltaAttention(nn.Module):
         rows = None if torch.is_grad_enabled() else ctx.leading_state_rows
         conv_cache = ctx.caches.kda_conv[self.layer_idx]
         conv_state = conv_cache[rows] if rows is not None else conv_cache.index_select(0, slots)
-        if any_fresh:
-            conv_state[fresh] = 0
-        if ctx.is_decode:
-            qkv, new_conv = registry.get("short_conv_update")(qkv.float(), conv_weight, conv_state)
-        else:
-            qkv, new_conv = registry.get("short_conv")(qkv.float(), conv_weight, conv_state=conv_state,
-                                                       cu_seqlens=ctx.cu_seqlens)
-        _store(conv_cache, rows, slots, new_conv.to(conv_cache.dtype))
-        # q and k are normalised together (same per-head math, half the ops)
-        qk = l2_normalize(qkv[:, : 2 * H * K].reshape(N, 2 * H, K))
-        q, k, v = qk[:, :H], qk[:, H:], qkv[:, 2 * H * K:].float().reshape(N, H, K)
-
-        g = kda_gate(self.f_b_proj(f).view(N, H, K), self.dt_bias, self.A_log, self.lower_bound)
-        beta = torch.sigmoid(b.float())
-
         state_cache = ctx.caches.kda_state[self.layer_idx]
         state = state_cache[rows] if rows is not None else state_cache.index_select(0, slots)
-        if any_fresh:
-            state[fresh] = 0
-        if ctx.is_decode:  # in place: on the pool rows themselves, or on the gathered copy
-            o, state = registry.get("kda_decode")(q, k, v, g, beta, state, out_state=state)
+        if ctx.is_decode:  # one op, states updated in place: on the pool rows themselves, or on the gathered copies
+            o = registry.get("kda_decode_step")(qkv, conv_weight, conv_state, self.f_b_proj(f).view(N, H, K),
+                                                self.dt_bias, self.A_log, b, state, lower_bound=self.lower_bound,
+                                                l2_eps=L2_EPS)
+            _store(conv_cache, rows, slots, conv_state)
         else:
+            if any_fresh:
+                conv_state[fresh] = 0
+                state[fresh] = 0
+            qkv, new_conv = registry.get("short_conv")(qkv.float(), conv_weight, conv_state=conv_state,
+                                                       cu_seqlens=ctx.cu_seqlens)
+            _store(conv_cache, rows, slots, new_conv.to(conv_cache.dtype))
+            # q and k are normalised together (same per-head math, half the ops)
+            qk = l2_normalize(qkv[:, : 2 * H * K].reshape(N, 2 * H, K), L2_EPS)
+            q, k, v = qk[:, :H], qk[:, H:], qkv[:, 2 * H * K:].float().reshape(N, H, K)
+            g = kda_gate(self.f_b_proj(f).view(N, H, K), self.dt_bias, self.A_log, self.lower_bound)
+            beta = torch.sigmoid(b.float())
             o, state = registry.get("kda_chunk")(q[None], k[None], v[None], g[None], beta[None],
                                                  initial_state=state, cu_seqlens=ctx.cu_seqlens)
             o = o[0]

@@ -73,6 +73,10 @@ class MLAttention(nn.Module):
     def _decode(self, q: torch.Tensor, cache: torch.Tensor, ctx: ForwardContext, block_tables: torch.Tensor,
                 context_lens: torch.Tensor, max_len: int) -> torch.Tensor:
         """Absorbed attention for one new token per row: q ``[b, H, Dn + R]`` -> ``[b, H, Dv]``."""
+        decode = registry.get("mla_decode")
+        dims = dict(nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
+        if getattr(decode, "reads_cache_in_place", False):  # no gather: it needs no workspace or chunk plan
+            return decode(q, cache, block_tables, context_lens, self.kv_b_proj.weight, **dims)
         need = mla_ops.decode_workspace_numel(max_len, cache.shape[1], cache.shape[2])
         work = ctx.caches.workspace("mla_latents", need, cache.dtype, cache.device)
         # the chunk plan depends only on the step's tables and lengths: the MLA layers of a step share it
@@ -80,9 +84,7 @@ class MLAttention(nn.Module):
         plan = ctx.step_memo.get(key)
         if plan is None:
             plan = ctx.step_memo[key] = mla_ops.plan_decode(block_tables, context_lens, cache.shape[1], cache.shape[2])
-        return registry.get("mla_decode")(q, cache, block_tables, context_lens, self.kv_b_proj.weight,
-                                          workspace=work, nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale,
-                                          plan=plan)
+        return decode(q, cache, block_tables, context_lens, self.kv_b_proj.weight, workspace=work, plan=plan, **dims)
 
     def _prefill(self, q: torch.Tensor, latents: torch.Tensor, cache: torch.Tensor,
                  ctx: ForwardContext) -> torch.Tensor:

@@ -1,0 +1,32 @@
+"""Native fused CPU kernels (``_kernels``, built by setup.py from ``native/``): loader and common checks.
+
+The kernels take raw addresses, so every caller checks its tensors with ``fits`` first and falls back to the
+torch ops when they do not (no extension, CUDA, non-fp32, odd strides). The op wrappers live with their ops
+(``ops/mla/cpu.py``, ``ops/kda/cpu.py``) and register there as the ``"cpu"`` backend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from k3serve.ops.cpu import _kernels as kernels
+except ImportError:  # not built (e.g. a source checkout without build_ext): the torch ops serve
+    kernels = None
+
+
+def available() -> bool:
+    return kernels is not None
+
+
+def fits(*tensors: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
+    """True when every tensor is a CPU ``dtype`` tensor whose last dim is contiguous."""
+    return all(t.device.type == "cpu" and t.dtype == dtype and (t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] <= 1)
+               for t in tensors)
+
+
+def kernels_or_none(*inputs: torch.Tensor) -> object | None:
+    """The extension module when it is built and no input needs a gradient (the kernels record none)."""
+    if kernels is None or (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        return None
+    return kernels
