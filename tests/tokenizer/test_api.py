@@ -145,6 +145,16 @@ def test_decode_invalid_ids(tok, bad):
         tok.decode(bad)
 
 
+def test_decode_accepts_integer_scalars(tok):
+    """Iterating an encode() result gives numpy integer scalars; decode takes them like ints (via __index__)."""
+    text = "numpy ids, special <|im_end|> kept as text"
+    ids = tok.encode(text)
+    assert tok.decode(list(ids)) == text
+    assert tok.decode([np.int64(i) for i in ids]) == text
+    with pytest.raises(ValueError, match="invalid token id"):
+        tok.decode([np.uint32(163840)])
+
+
 def test_decode_wrong_types(tok):
     with pytest.raises(TypeError):
         tok.decode([1.5])

@@ -48,8 +48,16 @@ inline py::bytes decode_bytes(const Core& core, py::handle ids) {
     if (PyUnicode_Check(ids.ptr()) || PyBytes_Check(ids.ptr()))
       throw py::type_error("token ids must be a sequence of int, not " + std::string(Py_TYPE(ids.ptr())->tp_name));
     for (py::handle item : ids) {
-      if (!PyLong_Check(item.ptr()))
-        throw py::type_error("token ids must be int, got " + std::string(Py_TYPE(item.ptr())->tp_name));
+      // integer-like objects (numpy integer scalars from iterating an encode() result) go through
+      // __index__, as in tiktoken; floats and other types stay an error
+      py::object as_int;
+      if (!PyLong_Check(item.ptr())) {
+        if (!PyIndex_Check(item.ptr()) || PyFloat_Check(item.ptr()))
+          throw py::type_error("token ids must be int, got " + std::string(Py_TYPE(item.ptr())->tp_name));
+        as_int = py::reinterpret_steal<py::object>(PyNumber_Index(item.ptr()));
+        if (!as_int) throw py::error_already_set();
+        item = as_int;
+      }
       int overflow = 0;
       long long v = PyLong_AsLongLongAndOverflow(item.ptr(), &overflow);
       if (overflow) throw py::value_error("invalid token id " + std::string(py::str(item)) + " (not in the vocabulary)");
