@@ -52,6 +52,25 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
 inline float bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline uint32_t float_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 
+// c in the shape of the first argument: a float, or 8 equal lanes
+inline float splat(float, float c) { return c; }
+inline v8 splat(v8, float c) { return v8{} + c; }
+
+// exp(x - n ln 2) for |x - n ln 2| <= ln2 / 2: ln 2 subtracted in two parts (exact enough), then a degree-6
+// polynomial. One template for a float and for 8 lanes, so each lane equals the scalar result.
+template <class T>
+inline T exp_reduced(T x, T n) {
+    T r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    T p = splat(r, 1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    return p * r * r + r + 1.0f;
+}
+
 // exp(x) for x <= 0 (softmax weights after the max is subtracted), ~2 ulp, written with arithmetic only so
 // that a loop over it vectorises (libm's expf does not). Values below -87 flush to 0.
 inline float exp_nonpos(float x) {
@@ -60,17 +79,8 @@ inline float exp_nonpos(float x) {
     float t = x * 1.44269504088896341f + magic;
     float n = t - magic;  // round(x / ln 2)
     int32_t ni = static_cast<int32_t>(float_to_bits(t) - float_to_bits(magic));
-    float r = x - n * 0.693359375f;  // ln 2 in two parts: r = x - n ln 2 exactly enough for |r| <= ln2 / 2
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
     float scale = bits_to_float(static_cast<uint32_t>((ni + 127) << 23));
-    return x <= -87.0f ? 0.0f : p * scale;
+    return x <= -87.0f ? 0.0f : exp_reduced(x, n) * scale;
 }
 
 // exp_nonpos on 8 lanes (same steps, so each lane equals the scalar result).
@@ -82,17 +92,8 @@ inline v8 exp8_nonpos(v8 x) {
     v8 t = x * 1.44269504088896341f + magic;
     v8 n = t - magic;
     v8i ni = reinterpret_cast<v8i>(t) - reinterpret_cast<v8i>(magic);
-    v8 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    v8 p = v8{} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
     v8 scale = reinterpret_cast<v8>((ni + 127) << 23);
-    return x <= lo ? v8{} : p * scale;
+    return x <= lo ? v8{} : exp_reduced(x, n) * scale;
 }
 
 // exp on 8 lanes for any x (1 / exp(-x) on the positive side; +inf above ~87).
