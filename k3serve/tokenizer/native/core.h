@@ -214,10 +214,15 @@ class Core {
       chunk(0, n);
   }
 
-  // mode: 0 = production path, 1 = merge_small, 2 = merge_heap, 3 = linear (test hooks)
+  // mode: 0 = production path, 1 = merge_small, 2 = merge_heap, 3 = linear, 4 = linear without the
+  // heap fallback (nothing if it fails: a test can tell a wrong skip that only lost the way apart)
   void encode_piece_mode(const uint8_t* p, size_t n, int mode, std::vector<uint32_t>& out) const {
     const uint8_t* end = p + n;
     if (mode == 0) return encode_piece(p, n, end, out, piece_cache());
+    if (mode == 4) {
+      if (linear().ok()) linear().encode(p, n, out);
+      return;
+    }
     if (mode == 1 && n < kSmallPiece) return merge_small(V_, p, n, end, out);
     if (mode == 3 && linear().ok() && linear().encode(p, n, out)) return;
     merge_heap(V_, p, n, end, out);

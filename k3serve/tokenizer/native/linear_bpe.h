@@ -24,10 +24,15 @@
 //    which knows their splits from the bytes and needs no split record; pairs with a three-byte
 //    token (most of the rest) through SmallPairs::valid, which reads their splits and their merges
 //    into three bytes from the bytes too (small_pairs.h; 100k piece ~0.93x time);
-//  * a back-up reuses the candidate list of the token before instead of walking again.
+//  * a back-up reuses the candidate list of the token before instead of walking again;
+//  * a two- or three-byte candidate that no token could follow (`dead_end`, from the ranks of the
+//    candidates after it) is skipped before it is taken, as the back-up from there would have
+//    done: 4/5 of the back-ups on random letters (100k piece ~0.88x time). Only in a second copy of
+//    the loop, taken for varied ASCII, so that other pieces run the plain loop.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -83,6 +88,9 @@ class LinearBpe {
         for (uint32_t y = 0; y < 256; ++y) pair2_[(x << 8) | y] = pair_lookup_hashed(T, x, y);
     }
     small_.build(V, trie_, [&](uint32_t id) { return std::make_pair(split_[id].a, split_[id].b); });
+    // dead_end reads y z from pair2 by bytes and two-byte tokens' splits from their bytes
+    // (valid_short's conditions); three-byte tokens' from the bytes too where SmallPairs::ok
+    skip_lens_ = bytes_low_ && small_.short_ok() ? (small_.ok() ? 2 : 1) : 0;
     std::vector<uint32_t> out;
     for (uint32_t id = 0; id < n; ++id) {
       if (!V.has(id)) continue;
@@ -98,6 +106,16 @@ class LinearBpe {
   // Appends the tokens of p[0, n); returns false (appending nothing) if it cannot.
   bool encode(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
     if (!n) return true;
+    // The dead-end skip (dead_end) only in a separate copy of the loop, for pieces that look like
+    // varied ASCII (random letters, identifiers): elsewhere it hardly ever fires (in runs of one
+    // byte never), and even unused its code in the loop cost runs of Han ~5% and a x 100k ~4%.
+    if (skip_lens_ && varied_ascii(p, n)) return encode_loop<true>(p, n, out);
+    return encode_loop<false>(p, n, out);
+  }
+
+ private:
+  template <bool kSkip>
+  bool encode_loop(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
     const size_t base = out.size();
     out.resize(base + n);  // at most one token per byte; trimmed at the end
     uint32_t* const o = out.data() + base;
@@ -109,7 +127,7 @@ class LinearBpe {
     std::vector<Cand> next_v(V_->max_token_len() + 1);
     std::vector<Cand> prev_v(V_->max_token_len() + 1);
     Cand* cand = cand_v.data();
-    Cand* next = next_v.data();
+    Cand* next = next_v.data();  // the candidates at the end of the token being taken, if walked
     Cand* prev = prev_v.data();  // the candidates at the last token's start (if nprev), for a back-up
     size_t nprev = 0;
     std::unique_ptr<uint32_t[]> lens_v(new uint32_t[n]);  // byte length of each token in o
@@ -117,6 +135,7 @@ class LinearBpe {
     std::unique_ptr<Hint[]> hints_v(new Hint[n]);  // what the walk at each token's start knew
     Hint* const hints = hints_v.get();
     const Tables T = tables();
+    const uint32_t skip_lens = skip_lens_;  // a local: the stores to o, lens, hints could alias it
     size_t nall = trie_.walk(p, n, cand);  // candidates at pos (those >= nc were tried already)
     size_t nc = nall;
     size_t pos = 0;
@@ -124,13 +143,20 @@ class LinearBpe {
       const uint32_t last = k ? o[k - 1] : kNone;
       const Hint hint = k ? hints[k - 1] : Hint{kUnknown, kNone};
       // the longest candidate usually fits: walk from its end now (see the header comment)
-      const size_t spec = nc ? pos + cand[nc - 1].len : n;
-      const size_t nspec = spec < n ? trie_.walk(p + spec, n - spec, next) : 0;
+      size_t at = nc ? pos + cand[nc - 1].len : n;  // next holds the walk at `at` (nnext of them)
+      size_t nnext = at < n ? trie_.walk(p + at, n - at, next) : 0;
       while (nc) {
         const Cand c = cand[--nc];
         const size_t e = pos + c.len;
         if (((reach[e >> 6] >> (e & 63)) & 1) &&
             (last == kNone || valid_next(T, last, lens[k - 1], hint, c.tok, c.len, p + pos))) {
+          // a dead end after c (see dead_end): skip c as the back-up from there would, untaken
+          if constexpr (kSkip) {
+            if (c.len - 2 < skip_lens && e < n && dead_end(T, c, p + pos, e, n, at, nnext, next)) {
+              reach[e >> 6] &= ~(uint64_t(1) << (e & 63));
+              continue;
+            }
+          }
           lens[k] = c.len;
           hints[k] = hint_after(T, c.tok, c.len, p + pos, cand + nc + 1, cand + nall);
           o[k++] = c.tok;
@@ -162,9 +188,9 @@ class LinearBpe {
       if (pos == n) break;
       std::swap(prev, cand);
       nprev = nall;
-      if (pos == spec) {  // spec < n here
+      if (pos == at) {  // at < n here
         std::swap(cand, next);
-        nc = nall = nspec;
+        nc = nall = nnext;
       } else {
         nc = nall = trie_.walk(p + pos, n - pos, cand);
       }
@@ -173,7 +199,6 @@ class LinearBpe {
     return true;
   }
 
- private:
   using Cand = PrefixTrie::Cand;
   struct Split {  // the pair BPE merges into this token (a == b == id: a base token)
     uint32_t a, b;
@@ -261,9 +286,52 @@ class LinearBpe {
     return h;
   }
 
+  // The rank of the merge that takes the last byte of token a (la = 2 or 3 bytes at s): a itself
+  // if it has two bytes or splits after two, else its right part, the token of its last two.
+  uint32_t last_byte_merge(uint32_t a, uint32_t la, const uint8_t* s) const {
+    return la == 2 || small_.left_len(s, 3) == 2 ? a : trie_.token2(s + 1);
+  }
+
+  // Do the first (up to) 64 bytes of p[0, n) look like varied ASCII: all below 0x80, and the byte
+  // changing at 16 or more of them? Only picks the loop: dead_end is exact on any bytes.
+  static bool varied_ascii(const uint8_t* p, size_t n) {
+    const size_t m = n < 64 ? n : 64;
+    uint32_t high = 0, changes = 0;
+    for (size_t i = 0; i < m; ++i) {
+      high |= p[i];
+      changes += i && p[i] != p[i - 1];
+    }
+    return high < 0x80 && changes >= (m >> 2);
+  }
+
+  // Is token c (2 or 3 bytes at s, ending at e < n) a dead end, where no token can follow it? Its
+  // last byte y stays alone until the merge of rank r (last_byte_merge), and y z (z: the next byte)
+  // is a token of rank yz < r: BPE merges y z before r unless z is gone by then, so z must first
+  // merge rightwards, into a prefix token of what follows it (a candidate of two or more bytes at
+  // e) of rank below yz. If there is none, every pair check after c fails, which the main loop
+  // would find only after taking it, then back up. (On random letters 3/4 of the back-ups follow
+  // a two-byte token, nearly all of this kind; each cost a take, failed checks and a back-up,
+  // mostly mispredicted.) next holds the walk at `at` (nnext candidates); if the check needs the
+  // walk at e it moves it there, which the main loop then reuses after taking c.
+  bool dead_end(const Tables& T, Cand c, const uint8_t* s, size_t e, size_t n, size_t& at,
+                size_t& nnext, Cand* next) const {
+    const uint8_t* z = s + c.len;
+    const uint32_t yz = T.pair2[(trie_.byte_tok(z[-1]) << 8) | trie_.byte_tok(z[0])];
+    if (!(yz < c.tok) || (c.len == 3 && !(yz < last_byte_merge(c.tok, c.len, s)))) return false;
+    if (at != e) {
+      at = e;
+      nnext = trie_.walk(z, n - e, next);
+    }
+    for (size_t j = 1; j < nnext; ++j)
+      if (next[j].tok < yz) return false;
+    return true;
+  }
+
   // Could BPE put token b (lb bytes, starting at `at`) right after token a (la bytes, hint h)?
-  bool valid_next(const Tables& T, uint32_t a, uint32_t la, const Hint& h, uint32_t b, uint32_t lb,
-                  const uint8_t* at) const {
+  // Forced inline: with two copies of the loop GCC stopped inlining it into either, which cost
+  // runs of Han (that never see the skip) ~5%.
+  __attribute__((always_inline)) bool valid_next(const Tables& T, uint32_t a, uint32_t la, const Hint& h,
+                                                 uint32_t b, uint32_t lb, const uint8_t* at) const {
     if (small_.short_ok() && h.partner != kUnknown) {
       if (((la - 1) | (lb - 1)) < 2)  // both of one or two bytes
         return small_.valid_short(a, la, b, lb, at, h.partner, h.merged, T.pair2);
@@ -345,6 +413,7 @@ class LinearBpe {
   HugeArray<uint32_t> pair2_;
   bool bytes_low_ = false;
   SmallPairs small_;  // checks of pairs of short tokens from the bytes
+  uint32_t skip_lens_ = 0;  // dead_end is checked after tokens of 2 .. skip_lens_ + 1 bytes
   size_t pmask_ = 0;
   // one bit per pair hash (256 KiB, stays in L2): rules out most pair lookups cheaply
   static constexpr size_t kFilterMask = (size_t(1) << 15) - 1;

@@ -89,9 +89,11 @@ class SmallPairs {
   // Could BPE put token b (lb bytes from `at`) right after token a (la bytes before `at`), where
   // a merges only with `partner` (into `merged`) among the tokens that can follow it? la, lb <= 3.
   // pair2: the merges of two byte tokens; hashed(x, y): the merge of tokens x and y, or kNone.
+  // (Forced inline: the linear encoder has two copies of its loop, and GCC kept this out of both.)
   template <class Hashed>
-  bool valid(uint32_t a, uint32_t la, uint32_t b, uint32_t lb, const uint8_t* at, uint32_t partner,
-             uint32_t merged, const uint32_t* pair2, Hashed&& hashed) const {
+  __attribute__((always_inline)) bool valid(uint32_t a, uint32_t la, uint32_t b, uint32_t lb, const uint8_t* at,
+                                            uint32_t partner, uint32_t merged, const uint32_t* pair2,
+                                            Hashed&& hashed) const {
     // while a is whole its merges are known: unwind b (as valid_pair does) until a must unwind
     uint32_t limit = kNone;
     for (;;) {
