@@ -1,7 +1,5 @@
-"""``k3serve generate``: offline greedy generation with a model over its own caches (token ids in and out).
-
-Until the engine and server land this is also what ``k3serve serve`` runs: a demo that the whole model path
-(loader -> KDA/MLA/MoE/AttnRes -> caches -> decode) works on this machine.
+"""``k3serve generate``: offline greedy generation with a model over its own caches (token ids in and out), a
+check that the whole model path (loader -> KDA/MLA/MoE/AttnRes -> caches -> decode) works on this machine.
 """
 
 from __future__ import annotations
@@ -11,8 +9,8 @@ import time
 
 import torch
 
-# Until the trained default model lands: a random tiny K3 whose vocabulary holds the Kimi chat tokens.
-DEFAULT_MODEL = "k3-tiny-fullvocab-random"
+# The small K3 trained by k3serve.train and shipped in the package (k3serve/models/weights/k3-default).
+DEFAULT_MODEL = "k3-default"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 

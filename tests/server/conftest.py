@@ -43,12 +43,15 @@ def children(pid: int) -> list[int]:
 
 
 class Server:
-    def __init__(self, ckpt: Path, *args: str, timeout: float = 120.0):
+    def __init__(self, ckpt: Path | None, *args: str, timeout: float = 120.0):
+        """``ckpt`` None: exactly ``k3serve serve --port PORT *args``, the package's default model and settings."""
         self.contract = "kimi" if "kimi" in args else "openai"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "k3serve", "serve", str(ckpt), "--port", str(self.port),
-               "--served-model-name", MODEL, "--api-key", API_KEY, "--max-model-len", "2048", *args]
+        cmd = [sys.executable, "-m", "k3serve", "serve", "--port", str(self.port), *args]
+        if ckpt is not None:
+            cmd[4:4] = [str(ckpt)]
+            cmd += ["--served-model-name", MODEL, "--api-key", API_KEY, "--max-model-len", "2048"]
         self.log = Path(tempfile.gettempdir()) / f"k3serve-test-server-{self.port}.log"
         self._log_file = open(self.log, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, text=True)
