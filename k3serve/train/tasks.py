@@ -159,10 +159,21 @@ def make_decline(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
                   {"tool": None, "text": content}, decl, thinking, _effort(rng, thinking), meta={"asked": ask_name})
 
 
+def closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with ``additionalProperties: false`` on every object, as OpenAI's strict structured outputs
+    require: with it the server's grammar closes an object once its required members are written (without it
+    a model that keeps adding members runs out of tokens inside the JSON)."""
+    if schema.get("type") != "object":
+        return schema
+    props = {k: closed(v) for k, v in schema["properties"].items()}
+    return {**schema, "properties": props, "additionalProperties": False}
+
+
 def make_json(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
     schema, values, mentions = make_schema(rng, rng.randint(2, 5), JSON_DUMPS)
+    schema = closed(schema)
     name, _, obj = pools.tool_name(rng, held_out)
-    rf = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+    rf = {"type": "json_schema", "json_schema": {"name": name, "strict": True, "schema": schema}}
     user = rng.choice((f"Give me the {obj} as JSON: {_mention_text(rng, mentions)}.",
                        f"Return JSON for this {obj}. {_mention_text(rng, mentions)}."))
     reasoning = f"I will fill {len(mentions)} fields from the message." if thinking else None

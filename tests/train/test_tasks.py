@@ -115,3 +115,23 @@ def test_lookup_answer_is_the_value_written_after_its_key():
         user, answer = s.messages[0]["content"], s.target["content"]
         key = user.rsplit("What is the ", 1)[1][:-1]
         assert f"{key} {answer}" in user and s.expected["text"] == answer
+
+
+def test_json_tasks_use_strict_closed_schemas():
+    """JSON tasks ask as OpenAI strict structured outputs do: every object closed, so the answer validates and
+    an answer with one more member (what an undertrained model writes) does not."""
+    import jsonschema
+
+    rng = random.Random(9)
+    for _ in range(40):
+        s = tasks.make("json", rng)
+        js = s.response_format["json_schema"]
+        assert js["strict"] is True
+        objects = [js["schema"]]
+        while objects:
+            o = objects.pop()
+            assert o["additionalProperties"] is False
+            objects += [v for v in o["properties"].values() if v.get("type") == "object"]
+        jsonschema.validate(s.expected["json"], js["schema"])
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**s.expected["json"], "extra": 1}, js["schema"])
