@@ -31,18 +31,25 @@ def test_grouped_equals_naive(N, E, k, D, I, act):
     assert (got - want).abs().max() < 1e-5 * max(1.0, float(want.abs().max()))
 
 
-@pytest.mark.parametrize("N,E,k,D,I", [(1, 4, 1, 8, 4), (7, 16, 4, 32, 12), (56, 16, 4, 24, 40), (65, 64, 8, 24, 40),
-                                       (300, 8, 2, 16, 12)])
-def test_grouped_swapped_weights_equal_naive(N, E, k, D, I):
-    """The swapped contiguous weight copies (used whenever given, at any width per expert)
-    give the naive result, also when only some experts are hit."""
-    g = torch.Generator().manual_seed(N + E + 7)
+def _routed_case(N, E, k, D, I, seed):
+    """Tokens, routing weights and distinct expert ids (at N = 65 expert 3 takes every token's first slot:
+    skewed routing), and dense expert weights."""
+    g = torch.Generator().manual_seed(seed)
     u = torch.randn(N, D, generator=g)
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
     if N == 65:
         ids[:, 0] = 3
     weights = torch.rand(N, k, generator=g)
     w13, w2 = torch.randn(E, 2 * I, D, generator=g) / D**0.5, torch.randn(E, D, I, generator=g) / I**0.5
+    return u, weights, ids, w13, w2
+
+
+@pytest.mark.parametrize("N,E,k,D,I", [(1, 4, 1, 8, 4), (7, 16, 4, 32, 12), (56, 16, 4, 24, 40), (65, 64, 8, 24, 40),
+                                       (300, 8, 2, 16, 12)])
+def test_grouped_swapped_weights_equal_naive(N, E, k, D, I):
+    """The swapped contiguous weight copies (used whenever given, at any width per expert)
+    give the naive result, also when only some experts are hit."""
+    u, weights, ids, w13, w2 = _routed_case(N, E, k, D, I, seed=N + E + 7)
     got = grouped_expert_combine(u, weights, ids, w13, w2, silu_and_mul, w13_t=w13.mT.contiguous(),
                                  w2_t=w2.mT.contiguous())
     want = naive_expert_combine(u, weights, ids, w13, w2, silu_and_mul)
@@ -132,13 +139,7 @@ def test_mxfp4_grouped_equals_naive(N, E, k, act_quant, dtype, monkeypatch):
 def test_segmented_equals_naive_and_grouped(N, E, k, D, I, swapped):
     """Per-expert GEMMs over exact token runs give the naive result (also with skewed routing, idle experts
     and the swapped weight copies), and on this build the padded bmm's bits."""
-    g = torch.Generator().manual_seed(N * 3 + E)
-    u = torch.randn(N, D, generator=g)
-    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
-    if N == 65:
-        ids[:, 0] = 3
-    weights = torch.rand(N, k, generator=g)
-    w13, w2 = torch.randn(E, 2 * I, D, generator=g) / D**0.5, torch.randn(E, D, I, generator=g) / I**0.5
+    u, weights, ids, w13, w2 = _routed_case(N, E, k, D, I, seed=N * 3 + E)
     swaps = dict(w13_t=w13.mT.contiguous(), w2_t=w2.mT.contiguous()) if swapped else {}
     got = segmented_expert_combine(u, weights, ids, w13, w2, silu_and_mul, **swaps)
     want = naive_expert_combine(u, weights, ids, w13, w2, silu_and_mul)
