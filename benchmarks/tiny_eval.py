@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=20261129, help="task seed (never a training seed)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--json", default=None, help="write the results and every task's answer here")
     p.add_argument("--show", type=int, default=0, help="offline: print the raw output of this many tasks per kind")
     args = p.parse_args(argv)
     if args.n < 1:
@@ -166,9 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         a = report["mxfp4_bf16_agreement"]
         print(f"agreement  {a['accuracy']:7.2%}  ({a['tokens']} tokens, target 99%)")
     print(json.dumps({k: v for k, v in report.items() if k != "scores"}))
-    if args.json:
+    if args.json:  # with every task's answer, so failures can be read back (either mode)
+        report["answers"] = [{"kind": s.kind, "expected": s.expected, "content": content, "tool_calls": calls,
+                              "solved": tasks.score(s, content, calls)} for s, (content, calls) in zip(samples, answers)]
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+            json.dump(report, f, indent=1, default=str)
     return 0
 
 
