@@ -1,12 +1,14 @@
 """Training data: the curriculum, the used-id inventory and packed batches of encoded samples.
 
-Curriculum (by fraction of training steps): the task mix stays fixed while the long-context recall grows
-from short lists to >= 2k-token contexts, so copying is learnt on cheap sequences before it is stretched:
+Curriculum (by fraction of training steps): the recall list grows from a few records to >= 2k-token
+contexts, so copying and lookup are learnt on cheap sequences before they are stretched; its sampling
+weight shrinks as it grows (``recall_weight``), so recall stays about a third of the tokens instead of
+taking most of them (run r5: 44-59% of the tokens went to long recall, which it never learnt):
 
-    stage        steps      recall records (~14 tokens each)
-    short        0.0-0.3    8-40
-    medium       0.3-0.7    40-110
-    long         0.7-1.0    110-175   (1.6k-2.5k tokens)
+    progress     recall records (~14 tokens each)
+    0.0-0.3      4-16      (the warm-up's short recall)
+    0.3-0.75     grows to 110-175
+    0.75-1.0     110-175   (1.6k-2.5k tokens)
 
 A batch is a list of ``(ids, n_prompt)`` whose total length stays under the token budget.
 """
@@ -21,8 +23,10 @@ from k3serve.train import pools, tasks
 from k3serve.train.render import encode_sample
 from k3serve.train.vocab import CompactVocab
 
-MIX = {"tool": 0.18, "choose": 0.2, "decline": 0.15, "json": 0.17, "recall": 0.18, "followup": 0.12}
-STAGES = ((0.3, (8, 40)), (0.7, (40, 110)), (1.0, (110, 175)))
+MIX = {"tool": 0.18, "choose": 0.2, "decline": 0.18, "json": 0.17, "recall": 0.18, "followup": 0.12}
+SHORT, LONG = (4, 16), (110, 175)
+RAMP = (0.3, 0.75)  # recall lists grow from SHORT to LONG between these fractions of the steps
+RECALL_REF = 40  # recall keeps its full MIX weight up to this many records on average
 
 
 @dataclass(frozen=True)
@@ -33,48 +37,60 @@ class Encoded:
 
 
 def recall_range(progress: float) -> tuple[int, int]:
-    for end, rng in STAGES:
-        if progress < end:
-            return rng
-    return STAGES[-1][1]
+    t = min(1.0, max(0.0, (progress - RAMP[0]) / (RAMP[1] - RAMP[0])))
+    return round(SHORT[0] + t * (LONG[0] - SHORT[0])), round(SHORT[1] + t * (LONG[1] - SHORT[1]))
+
+
+def recall_weight(progress: float) -> float:
+    """MIX weight of recall: constant token share once lists are longer than ``RECALL_REF`` records."""
+    lo, hi = recall_range(progress)
+    return MIX["recall"] * min(1.0, RECALL_REF / ((lo + hi) / 2))
 
 
 @dataclass(frozen=True)
 class CopyWarmup:
     """Share of warm-up samples: ``share`` until ``until`` (fraction of steps), ``after`` from then on; a
-    ``lookup`` fraction of them are key -> value lookups, the rest plain copies."""
+    ``lookup`` fraction of them are key -> value lookups, a ``recall`` fraction recall lists as long as the
+    curriculum has them then, the rest plain copies."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
     lookup: float = 0.0
+    recall: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("share", "until", "after", "lookup"):
+        for name in ("share", "until", "after", "lookup", "recall"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"copy warm-up {name} must be in [0, 1]")
+        if self.lookup + self.recall > 1.0:
+            raise ValueError("copy warm-up lookup + recall fractions must be at most 1")
 
     def at(self, progress: float) -> float:
         return self.share if progress < self.until else self.after
 
 
-def sample_kind(rng: random.Random, copy_share: float = 0.0, lookup: float = 0.0) -> str:
+def sample_kind(rng: random.Random, copy_share: float = 0.0, lookup: float = 0.0, recall: float = 0.0,
+                progress: float = 0.0) -> str:
     if copy_share and rng.random() < copy_share:
-        return "lookup" if lookup and rng.random() < lookup else "copy"
-    return rng.choices(list(MIX), weights=list(MIX.values()))[0]
+        r = rng.random()
+        return "lookup" if r < lookup else "recall" if r < lookup + recall else "copy"
+    weights = [recall_weight(progress) if k == "recall" else w for k, w in MIX.items()]
+    return rng.choices(list(MIX), weights=weights)[0]
 
 
 # Warm-up samples are short and without a system prompt: on the real format, copying formed within ~400
 # steps at 12 items and ~40-token prompts, and not within 400 steps at 24 items with the ~60-token
 # thinking-effort system message in front (softmax attention without positions spreads over every earlier
 # token, so a longer context delays the induction it has to find).
-WARMUP = {"copy": {"thinking": False, "items": (3, 12)}, "lookup": {"thinking": False}}
+WARMUP = {"copy": {"thinking": False, "items": (3, 12)}, "lookup": {"thinking": False},
+          "recall": {"thinking": False}}
 
 
 def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = CopyWarmup()) -> Encoded:
-    kind = sample_kind(rng, warmup.at(progress), warmup.lookup)
+    kind = sample_kind(rng, warmup.at(progress), warmup.lookup, warmup.recall, progress)
     kwargs = {"records": rng.randint(*recall_range(progress))} if kind == "recall" else {}
     if kind in WARMUP and progress < warmup.until:
-        kwargs = dict(WARMUP[kind])
+        kwargs |= WARMUP[kind]
     s = tasks.make(kind, rng, held_out=False, **kwargs)
     ids, n = encode_sample(s, tokenizer)
     return Encoded(kind, ids, n)

@@ -87,7 +87,9 @@ def make_schema(rng: random.Random, n_leaves: int, dumps: Dumps = TOOL_DUMPS
 
 
 def _tool(name: str, verb: str, obj: str, params: dict[str, Any]) -> dict[str, Any]:
-    desc = f"{verb.capitalize()} the {obj}."
+    # The request's own words: " verb the obj" tokenizes the same in both, so finding the offered tool that
+    # does what was asked is matching a span (r5, with "Verb the obj.", called some tool when none fitted).
+    desc = f"Use this to {verb} the {obj}."
     return {"type": "function", "function": {"name": name, "description": desc, "parameters": params}}
 
 

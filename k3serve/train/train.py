@@ -63,6 +63,7 @@ class TrainConfig:
     copy_until: float = 0.0
     copy_after: float = 0.0  # ... and from then on
     lookup_frac: float = 0.0  # fraction of those warm-up samples that are key -> value lookups
+    recall_frac: float = 0.0  # ... and that are recall lists (as long as the curriculum has them then)
     embed_std: float = 1.0  # initial embedding rows (tied with lm_head)
 
     def __post_init__(self) -> None:
@@ -77,7 +78,8 @@ class TrainConfig:
 
     @property
     def copy_warmup(self) -> data.CopyWarmup:
-        return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac)
+        return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
+                              self.recall_frac)
 
 
 def compact_config(full: ModelConfig, vocab: CompactVocab) -> ModelConfig:

@@ -108,9 +108,14 @@ def test_copy_warmup_schedule():
     assert set(first) == {"copy"} and "copy" not in last
     # warm-up copies are short and have no system prompt (the shortest K3 chat render)
     assert max(len(e.ids) for e in batches[0]) < 80
-    mixed = data.CopyWarmup(share=1.0, until=1.0, lookup=0.5)
-    kinds = [e.kind for b in data.batches(tok, vocab, seed=3, steps=3, tokens_per_step=1200, warmup=mixed) for e in b]
-    assert set(kinds) == {"copy", "lookup"}
+    mixed = data.CopyWarmup(share=1.0, until=1.0, lookup=0.4, recall=0.3)
+    stream = list(data.batches(tok, vocab, seed=3, steps=4, tokens_per_step=1200, warmup=mixed))
+    assert {e.kind for b in stream for e in b} == {"copy", "lookup", "recall"}
+    # recall lists follow the curriculum: short (<= 16 records, no thinking) at the start
+    first = [len(e.ids) for e in stream[0] if e.kind == "recall"]
+    assert first and max(first) < 40 + 16 * 15
+    with pytest.raises(ValueError, match="at most 1"):
+        data.CopyWarmup(lookup=0.6, recall=0.6)
 
 
 def test_batches_are_deterministic_and_follow_the_curriculum():
@@ -126,4 +131,9 @@ def test_batches_are_deterministic_and_follow_the_curriculum():
     a = run()
     assert a == run() and len(a) == 4
     assert all(sum(len(ids) for _, ids in b) <= 1500 or len(b) == 1 for b in a)
-    assert data.recall_range(0.0) == (8, 40) and data.recall_range(0.95)[0] >= 110
+    assert data.recall_range(0.0) == data.SHORT and data.recall_range(0.95) == data.LONG
+    # lists grow monotonically, and recall's token share stays bounded as they do
+    ranges = [data.recall_range(p / 20) for p in range(21)]
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(ranges, ranges[1:]))
+    shares = [data.recall_weight(p) * sum(data.recall_range(p)) / 2 for p in (0.5, 0.8, 1.0)]
+    assert max(shares) <= data.MIX["recall"] * data.RECALL_REF * 1.001
