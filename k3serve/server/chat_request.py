@@ -10,7 +10,7 @@ from typing import Any
 
 from k3serve.server.chat import ChatOptions, Prompt
 from k3serve.server.chat.images import K3_PATCH_LIMIT, K25_PATCH_LIMIT, vision_tokens
-from k3serve.server.grammars import check_grammar, json_grammar, tool_call_grammar
+from k3serve.server.grammars import all_strict, check_grammar, json_grammar, strict_tools_grammar, tool_call_grammar
 from k3serve.server.media import engine_images, expand_media_spans, image_parts, load_images
 from k3serve.server.messages import ImageData, Sampling
 from k3serve.server.protocol import ChatCompletionRequest
@@ -50,6 +50,9 @@ def _grammar(state: ServerState, req: ChatCompletionRequest, prompt: Prompt, opt
         name = choice["function"]["name"] if isinstance(choice, Mapping) else None
         return tool_call_grammar(fmt, prompt, tools, name)
     kind = options.response_format_type
+    if fmt.is_k3 and kind == "text" and choice in (None, "auto") and tools and all_strict(tools):
+        # OpenAI `strict` functions: the choice stays free, but a call must follow its function's schema
+        return strict_tools_grammar(prompt, tools, one_call=req.parallel_tool_calls is False)
     if kind == "text" or (tools and choice != "none"):
         return None  # a free choice between a tool call and an answer stays unconstrained
     if kind == "json_object":

@@ -7,6 +7,8 @@ written by id (`<[163588]>`), which is independent of the K2/K3 special-token na
 
     json_grammar(fmt, prompt, schema)            # response_format json_object / json_schema
     tool_call_grammar(fmt, prompt, tools)        # tool_choice required / named: exactly one call
+    strict_tools_grammar(prompt, tools)          # K3, tool_choice auto, every function strict: an answer
+                                                 # or calls whose arguments follow their schemas
 """
 
 from __future__ import annotations
@@ -99,6 +101,66 @@ def tool_call_grammar(fmt: ChatFormat, prompt: Prompt, tools: Sequence[Mapping[s
     else:
         start = f"start: {_k2_head(fmt, prompt)} {SECTION_BEGIN} call {SECTION_END} {EOM}\n"
     return start + call + "".join(rules) + _THINK_RULE
+
+
+_SPACED = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # the K3 writer's json.dumps
+_XTML_TYPES = ("string", "number", "boolean", "null", "object", "array")
+_XTML = {"integer": "number", "number": "number", "boolean": "boolean", "null": "null", "object": "object",
+         "array": "array"}  # JSON schema type -> the K3 writer's type attribute for such a value
+_STRICT_TERMINALS = "TEXT: /(?s:.*)/\nIDX: /[1-9][0-9]{0,3}/\n"
+
+
+def _attr(value: str) -> str:
+    return value.replace("&", "&amp;").replace('"', "&quot;")  # as the K3 writer escapes attribute values
+
+
+def _argument(rule: str, key: str, schema: Any) -> str:
+    """One K3 `argument` element: the type attribute the writer gives such a value, then the value. Strings
+    are raw text (an enum: one of its values; length and pattern are not enforced); every other type is
+    the writer's `json.dumps` of a value valid for the schema."""
+    schema = schema if isinstance(schema, Mapping) else {}
+    kind = schema.get("type") or ("object" if "properties" in schema else None)
+    enum = schema.get("enum")
+    extra = ""
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum) and kind in (None, "string"):
+        xtml, value = _lit("string"), " | ".join(_lit(v) for v in enum)
+    elif kind == "string":
+        xtml, value = _lit("string"), "TEXT"
+    elif kind in _XTML:
+        xtml, value = _lit(_XTML[kind]), f"{rule}_v"
+        extra = f"{rule}_v: %json {json.dumps({**schema, 'x-guidance': _SPACED}, ensure_ascii=False)}\n"
+    else:  # a union or an untyped schema: any K3 type, the value kept as written
+        xtml, value = "(" + " | ".join(_lit(t) for t in _XTML_TYPES) + ")", "TEXT"
+    head = f'{_lit(f"argument key={chr(34)}{_attr(key)}{chr(34)} type={chr(34)}")} {xtml} {_lit(chr(34))}'
+    return f'{rule}: {OPEN} {head} {SEP} ({value}) {CLOSE} "argument" {SEP}\n' + extra
+
+
+def strict_tools_grammar(prompt: Prompt, tools: Sequence[Mapping[str, Any]], one_call: bool = False) -> str:
+    """K3 turn for `tool_choice: auto` when every declared function is `strict` (OpenAI semantics: calls
+    adhere to the function's schema): free reasoning and answer text, then either no tools section or
+    calls to declared functions only, each writing its schema's properties in declared order (required
+    ones always, the others optionally) with values of their type."""
+    fns = _tool_functions(tools, None)
+    rules, alts = [], []
+    for k, fn in enumerate(fns):
+        params = fn.get("parameters") if isinstance(fn.get("parameters"), Mapping) else {}
+        props = params.get("properties") if isinstance(params.get("properties"), Mapping) else {}
+        required = set(params.get("required") or ())
+        parts = []
+        for j, (key, sub) in enumerate(props.items()):
+            rules.append(_argument(f"a{k}_{j}", key, sub))
+            parts.append(f"a{k}_{j}" if key in required else f"a{k}_{j}?")
+        head = _lit(f'call tool="{_attr(fn["name"])}" index="')
+        alts.append(f'{OPEN} {head} IDX {_lit(chr(34))} {SEP} {" ".join(parts)} {CLOSE} "call" {SEP}')
+    calls = "call" if one_call else "call+"
+    start = (f'start: {_k3_head(prompt)} TEXT {CLOSE} "response" {SEP} tools? {CLOSE} "message" {SEP} {EOM}\n'
+             f'tools: {OPEN} "tools" {SEP} {calls} {CLOSE} "tools" {SEP}\n')
+    return start + "call: " + " | ".join(alts) + "\n" + "".join(rules) + _STRICT_TERMINALS + _THINK_RULE
+
+
+def all_strict(tools: Sequence[Mapping[str, Any]]) -> bool:
+    fns = [t.get("function") for t in tools if t.get("type") == "function"]
+    return bool(fns) and all(isinstance(f, Mapping) and f.get("strict") is True for f in fns)
 
 
 def check_grammar(grammar: str) -> None:

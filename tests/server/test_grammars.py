@@ -3,6 +3,7 @@ must always give a turn the family's parser reads back as a valid tool call / JS
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
@@ -144,3 +145,110 @@ def test_guides_sharing_a_grammar_are_independent():
     assert a.matcher.compute_bitmask() != start
     assert b.matcher.compute_bitmask() == start
     assert gd.processor(grammar, {}).matcher.compute_bitmask() == start
+
+
+STRICT_SCHEMA = {"type": "object", "properties": {
+    "a": {"type": "integer", "minimum": 0, "maximum": 99},
+    "s": {"type": "string"},
+    "u": {"type": "string", "enum": ["metric", "imperial"]},
+    "o": {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"],
+          "additionalProperties": False},
+    "e": {"type": "array", "items": {"enum": ["x", "yy"]}, "maxItems": 2},
+    "opt": {"type": "number"}},
+    "required": ["a", "s", "u", "o", "e"], "additionalProperties": False}
+STRICT_TOOLS = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": STRICT_SCHEMA}},
+                {"type": "function", "function": {"name": "g_2", "strict": True, "parameters": {
+                    "type": "object", "properties": {}, "additionalProperties": False}}}]
+
+
+def _matcher(lltok, grammar: str):
+    import llguidance
+
+    m = llguidance.LLMatcher(lltok, grammar, log_level=0)
+    assert not m.is_error(), m.get_error()
+    return m
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_strict_tools_walk_gives_schema_valid_calls(lltok, tok, thinking, seed):
+    """Any path through the strict-tools grammar is a K3 turn whose calls name declared tools and whose
+    arguments validate against their schemas (the walk always takes the tools section when offered; one call,
+    as with `parallel_tool_calls: false`, since it would always open another)."""
+    from k3serve.server.grammars import all_strict, strict_tools_grammar
+
+    assert all_strict(STRICT_TOOLS) and not all_strict([*STRICT_TOOLS, TOOLS[0]])
+    prompt = K3.render(USER, STRICT_TOOLS, ChatOptions(thinking=thinking))
+    grammar = strict_tools_grammar(prompt, STRICT_TOOLS, one_call=True)
+    check_grammar(grammar)
+    ids = walk(lltok, grammar, seed)
+    msg = K3.new_parser(prompt, STRICT_TOOLS).parse(tok["k3"].decode(ids[:-1]))
+    assert len(msg.tool_calls) == 1
+    schemas = {"f": STRICT_SCHEMA, "g_2": STRICT_TOOLS[1]["function"]["parameters"]}
+    for call in msg.tool_calls:
+        jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+
+
+def _k3_answer_ids(tok, tools, target, thinking: bool) -> tuple[object, list[int]]:
+    """The generation prompt and the tokens of `target` as the K3 renderer writes it after that prompt."""
+    opts = ChatOptions(thinking=thinking)
+    prompt = K3.render(USER, tools, opts)
+    head = prompt.token_segments()
+    full = K3.render([*USER, target], tools, ChatOptions(thinking=thinking, add_generation_prompt=False))
+    segs = full.token_segments()
+    assert segs[:len(head)] == head
+    return prompt, [int(t) for t in tok["k3"].encode_segments(segs[len(head):])]
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_strict_tools_accept_rendered_answers_and_reject_off_schema_calls(lltok, tok, thinking):
+    """The grammar accepts what the K3 writer renders for valid calls (and for a plain answer), and stops
+    a call to an undeclared tool, a repeated or skipped key, a wrong type attribute or an off-enum value."""
+    from k3serve.server.grammars import strict_tools_grammar
+
+    def call(name, args):
+        return {"id": "c", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+    good = {"a": 7, "s": "two words", "u": "metric", "o": {"b": True}, "e": ["x", "yy"]}
+
+    def accepted(target) -> bool:
+        prompt, ids = _k3_answer_ids(tok, STRICT_TOOLS, {"role": "assistant", "reasoning_content": "r", **target},
+                                     thinking)
+        m = _matcher(lltok, strict_tools_grammar(prompt, STRICT_TOOLS))
+        return all(m.consume_token(t) for t in ids) and m.is_stopped()
+
+    assert accepted({"content": "No tool fits.", "tool_calls": []})
+    assert accepted({"content": "", "tool_calls": [call("f", good)]})
+    assert accepted({"content": "", "tool_calls": [call("f", {**good, "opt": 2.5}), call("g_2", {})]})
+    assert not accepted({"content": "", "tool_calls": [call("h", good)]})  # undeclared tool
+    assert not accepted({"content": "", "tool_calls": [call("f", {k: v for k, v in good.items() if k != "u"})]})
+    assert not accepted({"content": "", "tool_calls": [call("f", {"a": 7, "s": "x", "s2": "y"})]})
+    assert not accepted({"content": "", "tool_calls": [call("f", {**good, "a": "7"})]})  # type="string"
+    assert not accepted({"content": "", "tool_calls": [call("f", {**good, "u": "kelvin"})]})
+    assert not accepted({"content": "", "tool_calls": [call("f", {**good, "a": 100})]})  # above maximum
+
+
+def test_strict_tools_accept_every_gold_answer_of_the_training_tasks(lltok):
+    """The default model's task answers (tool, choose, decline, follow-up) pass the grammar once their tools
+    are declared strict: the grammar and the K3 writer agree on every argument type the data uses."""
+    import random
+
+    from k3serve.server.grammars import strict_tools_grammar
+    from k3serve.train import tasks
+    from k3serve.train.render import encode_sample, prompt_ids, request_options
+    from k3serve.train.tok import load_tokenizer
+
+    tk = load_tokenizer()
+    rng = random.Random(11)
+    for kind in ("tool", "choose", "decline", "followup"):
+        for _ in range(6):
+            s = tasks.make(kind, rng)
+            strict = [{**t, "function": {**t["function"], "strict": True,
+                                         "parameters": tasks.closed(t["function"]["parameters"])}} for t in s.tools]
+            s = dataclasses.replace(s, tools=strict)
+            ids, n = encode_sample(s, tk)
+            assert ids[:n] == prompt_ids(s, tk)
+            prompt = K3.render(s.messages, s.tools, request_options(s))
+            m = _matcher(lltok, strict_tools_grammar(prompt, s.tools))
+            assert all(m.consume_token(t) for t in ids[n:]), (kind, m.get_error())
+            assert m.is_stopped()
