@@ -8,6 +8,8 @@ combinations. Recall prompts hold >= 2k tokens of context.
     python benchmarks/tiny_eval.py --base-url http://127.0.0.1:8000/v1 --n 50
     # offline, greedy decoding with the naive runner (k3serve.models.generate), no server needed:
     python benchmarks/tiny_eval.py --offline runs/k3-default/model --n 50
+    # tools declared strict (the server constrains calls to the declared tools and their schemas):
+    python benchmarks/tiny_eval.py --base-url http://127.0.0.1:8000/v1 --n 50 --strict-tools
     # plus MXFP4-vs-bf16 greedy agreement (teacher-forced on the MXFP4 model's own outputs):
     python benchmarks/tiny_eval.py --offline runs/k3-default/model --bf16 runs/k3-default/bf16 --n 50
 
@@ -18,6 +20,7 @@ Acceptance: tool >= 90% (exact name and arguments, single and multi-tool), decli
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -35,14 +38,16 @@ TARGETS = {"tool": 0.9, "decline": 0.9, "json": 0.9, "json_valid": 1.0, "recall"
 RECALL_RECORDS = 150  # ~2.1k tokens of context
 
 
-def make_tasks(n: int, seed: int) -> list[tasks.Sample]:
-    """``n`` held-out tasks per kind; thinking on for most, as the server's K3 default is."""
+def make_tasks(n: int, seed: int, strict_tools: bool = False) -> list[tasks.Sample]:
+    """``n`` held-out tasks per kind; thinking on for most, as the server's K3 default is. ``strict_tools``
+    declares every tool strict (the same tasks otherwise: the draws do not depend on it)."""
     rng = random.Random(seed)
     out = []
     for kind in tasks.KINDS:
         for _ in range(n):
             kwargs = {"records": RECALL_RECORDS} if kind == "recall" else {}
-            out.append(tasks.make(kind, rng, held_out=True, **kwargs))
+            s = tasks.make(kind, rng, held_out=True, **kwargs)
+            out.append(dataclasses.replace(s, tools=tasks.strict(s.tools)) if strict_tools else s)
     return out
 
 
@@ -123,15 +128,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None, help="write the results and every task's answer here")
+    p.add_argument("--strict-tools", action="store_true",
+                   help="declare every tool strict (OpenAI `strict: true`, closed schemas): the server then "
+                        "constrains calls to the declared tools and their schemas")
     p.add_argument("--show", type=int, default=0, help="offline: print the raw output of this many tasks per kind")
     args = p.parse_args(argv)
     if args.n < 1:
         print("--n must be >= 1", file=sys.stderr)
         return 2
     tok = load_tokenizer()
-    samples = make_tasks(args.n, args.seed)
+    samples = make_tasks(args.n, args.seed, args.strict_tools)
     lens = [len(prompt_ids(s, tok)) for s in samples if s.kind == "recall"]
-    report: dict[str, Any] = {"n_per_kind": args.n, "seed": args.seed, "recall_prompt_tokens": [min(lens), max(lens)]}
+    report: dict[str, Any] = {"n_per_kind": args.n, "seed": args.seed, "strict_tools": args.strict_tools,
+                              "recall_prompt_tokens": [min(lens), max(lens)]}
     if args.used_ids:
         used = set(json.loads(open(args.used_ids).read()))
         report["covered_prompts"] = sum(set(prompt_ids(s, tok)) <= used for s in samples) / len(samples)

@@ -15,6 +15,7 @@ A batch is a list of ``(ids, n_prompt)`` whose total length stays under the toke
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ MIX = {"tool": 0.18, "choose": 0.2, "decline": 0.18, "json": 0.17, "recall": 0.1
 SHORT, LONG = (4, 16), (110, 175)
 RAMP = (0.3, 0.75)  # recall lists grow from SHORT to LONG between these fractions of the steps
 RECALL_REF = 40  # recall keeps its full MIX weight up to this many records on average
+STRICT_SHARE = 0.5  # samples whose tools are declared strict (rendered as such; clients send both kinds)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
     s = tasks.make(kind, rng, held_out=False, **kwargs)
+    if s.tools and rng.random() < STRICT_SHARE:
+        s = dataclasses.replace(s, tools=tasks.strict(s.tools))
     ids, n = encode_sample(s, tokenizer)
     return Encoded(kind, ids, n)
 
@@ -107,8 +111,9 @@ def inventory(tokenizer, seed: int, per_kind: int = 600) -> set[int]:
     for kind in (*tasks.KINDS, *tasks.WARMUP_KINDS):
         for _ in range(per_kind):
             kwargs = {"records": 20} if kind == "recall" else {}
-            ids, _ = encode_sample(tasks.make(kind, rng, held_out=False, **kwargs), tokenizer)
-            used.update(ids)
+            s = tasks.make(kind, rng, held_out=False, **kwargs)
+            for variant in (s, dataclasses.replace(s, tools=tasks.strict(s.tools))) if s.tools else (s,):
+                used.update(encode_sample(variant, tokenizer)[0])
     return used
 
 

@@ -171,6 +171,15 @@ def closed(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "properties": props, "additionalProperties": False}
 
 
+def strict(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The same tools declared as OpenAI strict functions (``strict: true``, every object closed): the K3
+    render then shows ``"strict":true``, and the server constrains calls to the schemas."""
+    if tools is None:
+        return None
+    return [{**t, "function": {**t["function"], "strict": True, "parameters": closed(t["function"]["parameters"])}}
+            for t in tools]
+
+
 def make_json(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
     schema, values, mentions = make_schema(rng, rng.randint(2, 5), JSON_DUMPS)
     schema = closed(schema)

@@ -243,9 +243,7 @@ def test_strict_tools_accept_every_gold_answer_of_the_training_tasks(lltok):
     for kind in ("tool", "choose", "decline", "followup"):
         for _ in range(6):
             s = tasks.make(kind, rng)
-            strict = [{**t, "function": {**t["function"], "strict": True,
-                                         "parameters": tasks.closed(t["function"]["parameters"])}} for t in s.tools]
-            s = dataclasses.replace(s, tools=strict)
+            s = dataclasses.replace(s, tools=tasks.strict(s.tools))
             ids, n = encode_sample(s, tk)
             assert ids[:n] == prompt_ids(s, tk)
             prompt = K3.render(s.messages, s.tools, request_options(s))
