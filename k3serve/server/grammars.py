@@ -116,8 +116,8 @@ def _attr(value: str) -> str:
 
 def _argument(rule: str, key: str, schema: Any) -> str:
     """One K3 `argument` element: the type attribute the writer gives such a value, then the value. Strings
-    are raw text (an enum: one of its values; length and pattern are not enforced); every other type is
-    the writer's `json.dumps` of a value valid for the schema."""
+    are raw text (an enum: one of its values; min/maxLength in characters; a pattern is not enforced, as
+    MFJS has none); every other type is the writer's `json.dumps` of a value valid for the schema."""
     schema = schema if isinstance(schema, Mapping) else {}
     kind = schema.get("type") or ("object" if "properties" in schema else None)
     enum = schema.get("enum")
@@ -125,7 +125,9 @@ def _argument(rule: str, key: str, schema: Any) -> str:
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum) and kind in (None, "string"):
         xtml, value = _lit("string"), " | ".join(_lit(v) for v in enum)
     elif kind == "string":
-        xtml, value = _lit("string"), "TEXT"
+        lo, hi = schema.get("minLength"), schema.get("maxLength")
+        bounded = isinstance(lo, int) or isinstance(hi, int)
+        xtml, value = _lit("string"), f"/(?s:.{{{lo or 0},{hi if isinstance(hi, int) else ''}}})/" if bounded else "TEXT"
     elif kind in _XTML:
         xtml, value = _lit(_XTML[kind]), f"{rule}_v"
         extra = f"{rule}_v: %json {json.dumps({**schema, 'x-guidance': _SPACED}, ensure_ascii=False)}\n"

@@ -180,6 +180,21 @@ def test_required_tool_call(openai_server):
     jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
+def test_strict_tools_auto_calls_follow_the_schema(openai_server):
+    """`tool_choice` auto with strict functions: the turn may still answer in text, but a call is constrained
+    to a declared tool and its schema. The bias steers the random model out of the answer text (`<|close|>`)
+    and into the tools section (`<|open|>`); `parallel_tool_calls: false` allows exactly one call."""
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    r = client(openai_server).chat.completions.create(
+        model=MODEL, messages=USER, tools=strict, max_tokens=120, temperature=0, parallel_tool_calls=False,
+        logit_bias={"163587": 100, "163588": 50}, extra_body=NO_THINK)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_json_schema_output(server, stream):
     c = client(server)

@@ -151,11 +151,12 @@ STRICT_SCHEMA = {"type": "object", "properties": {
     "a": {"type": "integer", "minimum": 0, "maximum": 99},
     "s": {"type": "string"},
     "u": {"type": "string", "enum": ["metric", "imperial"]},
+    "short": {"type": "string", "minLength": 2, "maxLength": 3},
     "o": {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"],
           "additionalProperties": False},
     "e": {"type": "array", "items": {"enum": ["x", "yy"]}, "maxItems": 2},
     "opt": {"type": "number"}},
-    "required": ["a", "s", "u", "o", "e"], "additionalProperties": False}
+    "required": ["a", "s", "u", "short", "o", "e"], "additionalProperties": False}
 STRICT_TOOLS = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": STRICT_SCHEMA}},
                 {"type": "function", "function": {"name": "g_2", "strict": True, "parameters": {
                     "type": "object", "properties": {}, "additionalProperties": False}}}]
@@ -209,7 +210,7 @@ def test_strict_tools_accept_rendered_answers_and_reject_off_schema_calls(lltok,
     def call(name, args):
         return {"id": "c", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
-    good = {"a": 7, "s": "two words", "u": "metric", "o": {"b": True}, "e": ["x", "yy"]}
+    good = {"a": 7, "s": "two words", "u": "metric", "short": "éé", "o": {"b": True}, "e": ["x", "yy"]}
 
     def accepted(target) -> bool:
         prompt, ids = _k3_answer_ids(tok, STRICT_TOOLS, {"role": "assistant", "reasoning_content": "r", **target},
@@ -226,6 +227,8 @@ def test_strict_tools_accept_rendered_answers_and_reject_off_schema_calls(lltok,
     assert not accepted({"content": "", "tool_calls": [call("f", {**good, "a": "7"})]})  # type="string"
     assert not accepted({"content": "", "tool_calls": [call("f", {**good, "u": "kelvin"})]})
     assert not accepted({"content": "", "tool_calls": [call("f", {**good, "a": 100})]})  # above maximum
+    assert not accepted({"content": "", "tool_calls": [call("f", {**good, "short": "abcd"})]})  # maxLength
+    assert not accepted({"content": "", "tool_calls": [call("f", {**good, "short": "a"})]})  # minLength
 
 
 def test_strict_tools_accept_every_gold_answer_of_the_training_tasks(lltok):
