@@ -181,7 +181,7 @@ class PyCore {
         PyObject* o = objs[i].ptr();
         const size_t len = size_t(PyUnicode_GET_LENGTH(o));
         std::string_view view;
-        thread_local std::string owned;
+        thread_local Utf8Buf owned;
         bool ok = true;
         if (PyUnicode_IS_ASCII(o)) {
           view = std::string_view(static_cast<const char*>(PyUnicode_DATA(o)), len);
@@ -191,7 +191,7 @@ class PyCore {
             case PyUnicode_2BYTE_KIND: ok = encode_utf8(PyUnicode_2BYTE_DATA(o), len, owned); break;
             default: ok = encode_utf8(PyUnicode_4BYTE_DATA(o), len, owned); break;
           }
-          view = owned;
+          view = owned.view();
         }
         if (!ok) {
           bad[i] = 1;
@@ -200,7 +200,7 @@ class PyCore {
         std::vector<uint32_t> ids;
         core_->encode(u8(view), view.size(), m, ids);
         outs[i] = std::move(ids);
-        if (owned.capacity() > (size_t(1) << 24)) std::string().swap(owned);  // keep no huge buffer
+        owned.release_if_over(size_t(1) << 24);
       });
     }
     for (size_t i = 0; i < n; ++i)

@@ -9,6 +9,7 @@
 #endif
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,15 +21,35 @@ namespace py = pybind11;
 // UTF-8 of a str. ASCII strings are used in place; others are converted here (faster than
 // CPython's encoder on mostly-ASCII text, and nothing is cached on the str object). A lone
 // surrogate makes CPython raise its UnicodeEncodeError, which the Python layer handles.
+// A byte buffer that grows without zero-filling: the worst-case UTF-8 size is 2-4x the text and
+// only the bytes written are ever touched (a std::string resize would memset all of it).
+struct Utf8Buf {
+  std::unique_ptr<uint8_t[]> data;
+  size_t cap = 0, size = 0;
+  uint8_t* reserve(size_t n) {
+    if (n > cap) {
+      data.reset(new uint8_t[n]);
+      cap = n;
+    }
+    return data.get();
+  }
+  std::string_view view() const { return std::string_view(reinterpret_cast<const char*>(data.get()), size); }
+  void release_if_over(size_t limit) {  // keep no huge buffer in a thread-local
+    if (cap > limit) {
+      data.reset();
+      cap = size = 0;
+    }
+  }
+};
+
 struct Utf8Text {
   std::string_view view;
-  std::string owned;
+  Utf8Buf owned;
 };
 
 template <class CharT>
-inline bool encode_utf8(const CharT* s, size_t n, std::string& out) {
-  out.resize(n * (sizeof(CharT) == 1 ? 2 : sizeof(CharT) == 2 ? 3 : 4));
-  uint8_t* o = reinterpret_cast<uint8_t*>(&out[0]);
+inline bool encode_utf8(const CharT* s, size_t n, Utf8Buf& out) {
+  uint8_t* o = out.reserve(n * (sizeof(CharT) == 1 ? 2 : sizeof(CharT) == 2 ? 3 : 4) + 1);
   uint8_t* const begin = o;
   size_t i = 0;
   while (i < n) {
@@ -72,7 +93,7 @@ inline bool encode_utf8(const CharT* s, size_t n, std::string& out) {
       *o++ = uint8_t(0x80 | (c & 0x3F));
     }
   }
-  out.resize(size_t(o - begin));
+  out.size = size_t(o - begin);
   return true;
 }
 
@@ -98,7 +119,7 @@ inline void utf8_of(py::handle h, const char* what, Utf8Text& t) {
     if (!PyUnicode_AsUTF8AndSize(o, &len)) throw py::error_already_set();
     throw py::value_error("internal error: surrogate not rejected by CPython");
   }
-  t.view = t.owned;
+  t.view = t.owned.view();
 }
 
 inline const uint8_t* u8(std::string_view v) { return reinterpret_cast<const uint8_t*>(v.data()); }
