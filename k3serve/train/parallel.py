@@ -8,6 +8,8 @@ apply identical updates and stay bit-identical. With ``world == 1`` nothing here
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -15,7 +17,28 @@ import torch
 import torch.distributed as dist
 
 
+def keep_freed_memory() -> bool:
+    """glibc only: serve every allocation from the heap and never give freed memory back to the OS.
+
+    A training step allocates and frees tensors of many sizes (packed batches vary in length); with the
+    defaults, large ones are mmap'ed and unmapped each step and the heap is trimmed, so pages are faulted
+    in and zeroed again and again. Measured on the default body (progress 0.55 batches, one core): system
+    time rose from 1% to 10-11% within 100 steps and throughput fell from ~1400 to ~1000 tokens/s; with
+    this, system time stays at 0% and late steps run ~15% faster. A 60-minute run (r8) reached 28% system
+    time. Returns whether the settings were applied."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4  # mallopt parameters (malloc.h)
+    return bool(libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)
+                and libc.mallopt(m_top_pad, 256 << 20))
+
+
 def init(rank: int, world: int, rendezvous: Path) -> None:
+    keep_freed_memory()
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{rendezvous.resolve()}", rank=rank, world_size=world)
 

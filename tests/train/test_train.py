@@ -137,3 +137,14 @@ def test_batches_are_deterministic_and_follow_the_curriculum():
     assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(ranges, ranges[1:]))
     shares = [data.recall_weight(p) * sum(data.recall_range(p)) / 2 for p in (0.5, 0.8, 1.0)]
     assert max(shares) <= data.MIX["recall"] * data.RECALL_REF * 1.001
+
+
+def test_keep_freed_memory_applies_on_glibc_in_a_child():
+    """The training processes' allocator settings apply on Linux/glibc (checked in a child process, so the
+    test process keeps its own allocator behaviour)."""
+    import subprocess
+    import sys
+
+    code = "from k3serve.train.parallel import keep_freed_memory; print(keep_freed_memory())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ("True" if sys.platform.startswith("linux") else "False")
