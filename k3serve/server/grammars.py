@@ -107,6 +107,7 @@ _SPACED = {"whitespace_flexible": False, "item_separator": ", ", "key_separator"
 _XTML_TYPES = ("string", "number", "boolean", "null", "object", "array")
 _XTML = {"integer": "number", "number": "number", "boolean": "boolean", "null": "null", "object": "object",
          "array": "array"}  # JSON schema type -> the K3 writer's type attribute for such a value
+_QUOTE = '"\\""'  # a Lark literal holding one double quote
 _STRICT_TERMINALS = "TEXT: /(?s:.*)/\nIDX: /[1-9][0-9]{0,3}/\n"
 
 
@@ -120,20 +121,22 @@ def _argument(rule: str, key: str, schema: Any) -> str:
     MFJS has none); every other type is the writer's `json.dumps` of a value valid for the schema."""
     schema = schema if isinstance(schema, Mapping) else {}
     kind = schema.get("type") or ("object" if "properties" in schema else None)
+    kind = kind if isinstance(kind, str) else None  # a list of types is a union
     enum = schema.get("enum")
     extra = ""
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum) and kind in (None, "string"):
         xtml, value = _lit("string"), " | ".join(_lit(v) for v in enum)
     elif kind == "string":
         lo, hi = schema.get("minLength"), schema.get("maxLength")
-        bounded = isinstance(lo, int) or isinstance(hi, int)
-        xtml, value = _lit("string"), f"/(?s:.{{{lo or 0},{hi if isinstance(hi, int) else ''}}})/" if bounded else "TEXT"
+        lo, hi = (lo if isinstance(lo, int) else None), (hi if isinstance(hi, int) else None)
+        xtml, value = _lit("string"), "TEXT" if lo is None and hi is None else f"/(?s:.{{{lo or 0},{'' if hi is None else hi}}})/"
     elif kind in _XTML:
         xtml, value = _lit(_XTML[kind]), f"{rule}_v"
         extra = f"{rule}_v: %json {json.dumps({**schema, 'x-guidance': _SPACED}, ensure_ascii=False)}\n"
     else:  # a union or an untyped schema: any K3 type, the value kept as written
         xtml, value = "(" + " | ".join(_lit(t) for t in _XTML_TYPES) + ")", "TEXT"
-    head = f'{_lit(f"argument key={chr(34)}{_attr(key)}{chr(34)} type={chr(34)}")} {xtml} {_lit(chr(34))}'
+    opening = 'argument key="' + _attr(key) + '" type="'
+    head = f"{_lit(opening)} {xtml} {_QUOTE}"
     return f'{rule}: {OPEN} {head} {SEP} ({value}) {CLOSE} "argument" {SEP}\n' + extra
 
 
@@ -147,13 +150,14 @@ def strict_tools_grammar(prompt: Prompt, tools: Sequence[Mapping[str, Any]], one
     for k, fn in enumerate(fns):
         params = fn.get("parameters") if isinstance(fn.get("parameters"), Mapping) else {}
         props = params.get("properties") if isinstance(params.get("properties"), Mapping) else {}
-        required = set(params.get("required") or ())
+        listed = params.get("required")
+        required = {r for r in listed if isinstance(r, str)} if isinstance(listed, list) else set()
         parts = []
         for j, (key, sub) in enumerate(props.items()):
             rules.append(_argument(f"a{k}_{j}", key, sub))
             parts.append(f"a{k}_{j}" if key in required else f"a{k}_{j}?")
-        head = _lit(f'call tool="{_attr(fn["name"])}" index="')
-        alts.append(f'{OPEN} {head} IDX {_lit(chr(34))} {SEP} {" ".join(parts)} {CLOSE} "call" {SEP}')
+        head = _lit(f'call tool="{_attr(str(fn.get("name")))}" index="')
+        alts.append(f'{OPEN} {head} IDX {_QUOTE} {SEP} {" ".join(parts)} {CLOSE} "call" {SEP}')
     calls = "call" if one_call else "call+"
     start = (f'start: {_k3_head(prompt)} TEXT {CLOSE} "response" {SEP} tools? {CLOSE} "message" {SEP} {EOM}\n'
              f'tools: {OPEN} "tools" {SEP} {calls} {CLOSE} "tools" {SEP}\n')

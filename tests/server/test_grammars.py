@@ -231,6 +231,23 @@ def test_strict_tools_accept_rendered_answers_and_reject_off_schema_calls(lltok,
     assert not accepted({"content": "", "tool_calls": [call("f", {**good, "short": "a"})]})  # minLength
 
 
+def test_strict_tools_odd_schemas_compile_or_are_bad_input():
+    """Unions (a list of types, anyOf), untyped properties and a malformed `required` give a grammar that
+    compiles (any K3 type, the value as written); a sub-schema llguidance cannot enforce is a ValueError."""
+    from k3serve.server.grammars import strict_tools_grammar
+
+    odd = {"type": "object", "required": [{"x": 1}, "u"], "properties": {
+        "u": {"type": ["string", "null"]}, "a": {"anyOf": [{"type": "integer"}, {"type": "string"}]}, "n": {}}}
+    prompt = K3.render(USER, None, ChatOptions(thinking=False))
+    tools = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": odd}}]
+    check_grammar(strict_tools_grammar(prompt, tools))
+    bad = {"type": "object", "properties": {"o": {"type": "object", "properties": {"s": {"type": "string",
+                                                                                         "pattern": "(((("}}}}}
+    with pytest.raises(ValueError, match="cannot be enforced"):
+        check_grammar(strict_tools_grammar(prompt, [{"type": "function", "function": {
+            "name": "f", "strict": True, "parameters": bad}}]))
+
+
 def test_strict_tools_accept_every_gold_answer_of_the_training_tasks(lltok):
     """The default model's task answers (tool, choose, decline, follow-up) pass the grammar once their tools
     are declared strict: the grammar and the K3 writer agree on every argument type the data uses."""
