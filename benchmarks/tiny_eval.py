@@ -20,7 +20,6 @@ Acceptance: tool >= 90% (exact name and arguments, single and multi-tool), decli
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import sys
@@ -47,7 +46,7 @@ def make_tasks(n: int, seed: int, strict_tools: bool = False) -> list[tasks.Samp
         for _ in range(n):
             kwargs = {"records": RECALL_RECORDS} if kind == "recall" else {}
             s = tasks.make(kind, rng, held_out=True, **kwargs)
-            out.append(dataclasses.replace(s, tools=tasks.strict(s.tools)) if strict_tools else s)
+            out.append(tasks.strict(s) if strict_tools else s)
     return out
 
 

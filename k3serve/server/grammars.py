@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from k3serve.server.chat import ChatFormat, Prompt
+from k3serve.server.chat.k3 import escape_attr
 from k3serve.server.chat.parsers import mint_tool_call_id
 
 # K3 XTML markers and the shared end-of-message id
@@ -111,10 +112,6 @@ _QUOTE = '"\\""'  # a Lark literal holding one double quote
 _STRICT_TERMINALS = "TEXT: /(?s:.*)/\nIDX: /[1-9][0-9]{0,3}/\n"
 
 
-def _attr(value: str) -> str:
-    return value.replace("&", "&amp;").replace('"', "&quot;")  # as the K3 writer escapes attribute values
-
-
 def _argument(rule: str, key: str, schema: Any) -> str:
     """One K3 `argument` element: the type attribute the writer gives such a value, then the value. Strings
     are raw text (an enum: one of its values; min/maxLength in characters; a pattern is not enforced, as
@@ -135,7 +132,7 @@ def _argument(rule: str, key: str, schema: Any) -> str:
         extra = f"{rule}_v: %json {json.dumps({**schema, 'x-guidance': _SPACED}, ensure_ascii=False)}\n"
     else:  # a union or an untyped schema: any K3 type, the value kept as written
         xtml, value = "(" + " | ".join(_lit(t) for t in _XTML_TYPES) + ")", "TEXT"
-    opening = 'argument key="' + _attr(key) + '" type="'
+    opening = 'argument key="' + escape_attr(key) + '" type="'
     head = f"{_lit(opening)} {xtml} {_QUOTE}"
     return f'{rule}: {OPEN} {head} {SEP} ({value}) {CLOSE} "argument" {SEP}\n' + extra
 
@@ -156,7 +153,7 @@ def strict_tools_grammar(prompt: Prompt, tools: Sequence[Mapping[str, Any]], one
         for j, (key, sub) in enumerate(props.items()):
             rules.append(_argument(f"a{k}_{j}", key, sub))
             parts.append(f"a{k}_{j}" if key in required else f"a{k}_{j}?")
-        head = _lit(f'call tool="{_attr(str(fn.get("name")))}" index="')
+        head = _lit(f'call tool="{escape_attr(str(fn.get("name")))}" index="')
         alts.append(f'{OPEN} {head} IDX {_QUOTE} {SEP} {" ".join(parts)} {CLOSE} "call" {SEP}')
     calls = "call" if one_call else "call+"
     start = (f'start: {_k3_head(prompt)} TEXT {CLOSE} "response" {SEP} tools? {CLOSE} "message" {SEP} {EOM}\n'

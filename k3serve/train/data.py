@@ -15,7 +15,6 @@ A batch is a list of ``(ids, n_prompt)`` whose total length stays under the toke
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,7 +94,7 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
         kwargs |= WARMUP[kind]
     s = tasks.make(kind, rng, held_out=False, **kwargs)
     if s.tools and rng.random() < STRICT_SHARE:
-        s = dataclasses.replace(s, tools=tasks.strict(s.tools))
+        s = tasks.strict(s)
     ids, n = encode_sample(s, tokenizer)
     return Encoded(kind, ids, n)
 
@@ -112,7 +111,7 @@ def inventory(tokenizer, seed: int, per_kind: int = 600) -> set[int]:
         for _ in range(per_kind):
             kwargs = {"records": 20} if kind == "recall" else {}
             s = tasks.make(kind, rng, held_out=False, **kwargs)
-            for variant in (s, dataclasses.replace(s, tools=tasks.strict(s.tools))) if s.tools else (s,):
+            for variant in (s, tasks.strict(s)) if s.tools else (s,):
                 used.update(encode_sample(variant, tokenizer)[0])
     return used
 

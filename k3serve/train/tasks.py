@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -171,13 +171,14 @@ def closed(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "properties": props, "additionalProperties": False}
 
 
-def strict(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """The same tools declared as OpenAI strict functions (``strict: true``, every object closed): the K3
-    render then shows ``"strict":true``, and the server constrains calls to the schemas."""
-    if tools is None:
-        return None
-    return [{**t, "function": {**t["function"], "strict": True, "parameters": closed(t["function"]["parameters"])}}
-            for t in tools]
+def strict(s: Sample) -> Sample:
+    """The same sample with its tools declared as OpenAI strict functions (``strict: true``, every object
+    closed): the K3 render then shows ``"strict":true``, and the server constrains calls to the schemas."""
+    if s.tools is None:
+        return s
+    tools = [{**t, "function": {**t["function"], "strict": True, "parameters": closed(t["function"]["parameters"])}}
+             for t in s.tools]
+    return replace(s, tools=tools)
 
 
 def make_json(rng: random.Random, held_out: bool, thinking: bool) -> Sample:

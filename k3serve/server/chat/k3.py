@@ -62,7 +62,8 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _escape(value: Any) -> str:
+def escape_attr(value: Any) -> str:
+    """An XTML attribute value as the writer puts it between double quotes."""
     return str(value).replace("&", "&amp;").replace('"', "&quot;")
 
 
@@ -78,7 +79,7 @@ class _Writer:
         for key, value in attrs:
             self.b.text(f" {key}")
             self.b.text('="')
-            self.b.text(_escape(value))
+            self.b.text(escape_attr(value))
             self.b.text('"')
         self.b.control(SEP)
 
