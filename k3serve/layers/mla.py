@@ -88,17 +88,20 @@ class MLAttention(nn.Module):
 
     def _prefill(self, q: torch.Tensor, latents: torch.Tensor, cache: torch.Tensor,
                  ctx: ForwardContext) -> torch.Tensor:
-        """A mixed step: its decode rows (one token after a cached context) share one batched decode call, the
-        other sequences are expanded and attended one at a time."""
-        o = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
+        """A step of fresh prompts goes to the packed prefill op in one call. Otherwise (a mixed step) its
+        decode rows (one token after a cached context) share one batched decode call, the other sequences are
+        expanded and attended one at a time."""
+        dims = dict(nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
         rows = ctx.decode_rows
+        if not rows and all(c == 0 for c in ctx.cached_lens):  # fresh prompts only: one packed call
+            return registry.get("mla_prefill_packed")(q, latents, ctx.cu_seqlens, self.kv_b_proj.weight, **dims)
+        o = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
         if rows:
             r = torch.tensor(rows, device=q.device)
             tokens = ctx.cu_seqlens.index_select(0, r)
             o[tokens] = self._decode(q.index_select(0, tokens), cache, ctx, ctx.block_tables.index_select(0, r),
                                      ctx.context_lens_tensor.index_select(0, r), max(ctx.context_lens[i] for i in rows))
         prefill = registry.get("mla_prefill")
-        dims = dict(nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
         skip = set(rows)
         for i, (start, n, total) in enumerate(zip(ctx.cu_seqlens.tolist(), ctx.seq_lens, ctx.context_lens)):
             if i in skip:

@@ -52,7 +52,7 @@ def select_experts(logits: torch.Tensor, bias: torch.Tensor | None, *, top_k: in
         grouped = choice.view(N, num_groups, E // num_groups)
         group_scores = grouped.topk(2, dim=-1).values.sum(-1)
         keep = group_scores.topk(topk_groups, dim=-1, sorted=False).indices
-        group_mask = torch.zeros(N, num_groups, dtype=torch.bool).scatter_(1, keep, True)
+        group_mask = torch.zeros(N, num_groups, dtype=torch.bool, device=choice.device).scatter_(1, keep, True)
         choice = grouped.masked_fill(~group_mask[..., None], float("-inf")).view(N, E)
     ids = choice.topk(top_k, dim=-1, sorted=False).indices
     weights = scores.gather(1, ids)

@@ -15,6 +15,7 @@ A batch is a list of ``(ids, n_prompt)`` whose total length stays under the toke
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -137,3 +138,33 @@ def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per
             batch.append(e)
             used += len(e.ids)
         yield batch
+
+
+def _produce(queue, vocab_ids: list[int], full_size: int, kwargs: dict) -> None:
+    from k3serve.train.tok import load_tokenizer
+
+    stats: dict[str, int] = {}
+    for batch in batches(load_tokenizer(), CompactVocab(vocab_ids, full_size), stats=stats, **kwargs):
+        queue.put((batch, dict(stats)))
+    queue.put(None)
+
+
+def prefetched(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
+               stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup(),
+               depth: int = 16) -> Iterator[list[Encoded]]:
+    """``batches`` drawn in a helper process, up to ``depth`` ahead: the same batches in the same order.
+    ``tokenizer`` is unused (the helper loads its own: the native one does not cross processes)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue(maxsize=depth)
+    kwargs = {"seed": seed, "steps": steps, "tokens_per_step": tokens_per_step, "warmup": warmup}
+    proc = ctx.Process(target=_produce, args=(queue, vocab.ids, vocab.full_size, kwargs), daemon=True)
+    proc.start()
+    try:
+        while (item := queue.get()) is not None:
+            batch, seen = item
+            if stats is not None:
+                stats.update(seen)
+            yield batch
+    finally:
+        proc.kill()
+        proc.join()

@@ -27,35 +27,44 @@ BLOCK = 64
 
 
 @contextlib.contextmanager
-def training_backend() -> Iterator[None]:
-    """Route ``kda_chunk`` to the differentiable form for the duration, then restore the previous one."""
-    previous = registry.active("kda_chunk")
-    registry.set_backend("kda_chunk", "train")
+def training_backend(device: torch.device) -> Iterator[None]:
+    """For the duration: ``kda_chunk`` in its differentiable form, and on a GPU the bucketed packed MLA
+    prefill (one SDPA per length bucket instead of a call per sequence); then restore the previous ones."""
+    chosen = {"kda_chunk": "train"}
+    if device.type != "cpu":
+        chosen["mla_prefill_packed"] = "bucketed"
+    previous = {op: registry.active(op) for op in chosen}
+    for op, backend in chosen.items():
+        registry.set_backend(op, backend)
     try:
         yield
     finally:
-        registry.set_backend("kda_chunk", previous)
+        for op, backend in previous.items():
+            registry.set_backend(op, backend)
 
 
-def packed_context(model: nn.Module, lens: Sequence[int], dtype: torch.dtype = torch.float32) -> ForwardContext:
-    """A context for a fresh prefill of sequences of ``lens`` tokens, with just enough new caches."""
+def packed_context(model: nn.Module, lens: Sequence[int], dtype: torch.dtype = torch.float32,
+                   device: torch.device | str = "cpu") -> ForwardContext:
+    """A context for a fresh prefill of sequences of ``lens`` tokens, with just enough new caches on
+    ``device`` (``cu_seqlens`` stays on the host: the layers read it as Python ints)."""
     blocks = [-(-n // BLOCK) for n in lens]
     caches = allocate_caches(cache_spec(model, dtype), num_blocks=max(1, sum(blocks)), block_size=BLOCK,
-                             num_slots=len(lens))
-    tables = torch.full((len(lens), max(blocks)), -1, dtype=torch.long)
+                             num_slots=len(lens), device=device)
+    tables = torch.full((len(lens), max(blocks)), -1, dtype=torch.long, device="cpu")
     start = 0
     for i, b in enumerate(blocks):
-        tables[i, :b] = torch.arange(start, start + b)
+        tables[i, :b] = torch.arange(start, start + b, device="cpu")
         start += b
-    cu = torch.tensor([0, *lens]).cumsum(0)
-    return ForwardContext(cu_seqlens=cu, cached_lens=[0] * len(lens), state_slots=torch.arange(len(lens)),
-                          block_tables=tables, caches=caches)
+    cu = torch.tensor([0, *lens], device="cpu").cumsum(0)
+    return ForwardContext(cu_seqlens=cu, cached_lens=[0] * len(lens), state_slots=torch.arange(len(lens), device=device),
+                          block_tables=tables.to(device), caches=caches)
 
 
 def train_forward(model: nn.Module, seqs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Final hidden states ``[sum(len), d]`` of the packed sequences (each a 1-D long tensor)."""
+    """Final hidden states ``[sum(len), d]`` of the packed sequences (each a 1-D long tensor, all on the
+    model's device)."""
     if not seqs or any(s.dim() != 1 or s.numel() == 0 for s in seqs):
         raise ValueError("seqs must be a non-empty list of non-empty 1-D token tensors")
-    ctx = packed_context(model, [s.numel() for s in seqs])
-    with training_backend(), forward_context(ctx):
+    ctx = packed_context(model, [s.numel() for s in seqs], device=seqs[0].device)
+    with training_backend(seqs[0].device), forward_context(ctx):
         return model(torch.cat(seqs), ctx)

@@ -49,7 +49,8 @@ def _intra(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, g_min: float) 
     return a_qk, a_kk
 
 
-def _chunk_layout(bounds: list[tuple[int, int]], C: int) -> tuple[torch.Tensor, list[int], list[int]]:
+def _chunk_layout(bounds: list[tuple[int, int]], C: int, device: torch.device
+                  ) -> tuple[torch.Tensor, list[int], list[int]]:
     """Each sequence's tokens in its own run of zero-padded chunks (no padding to the longest sequence).
 
     Returns the flat destination of every packed token in ``[n_chunks * C]``, the first chunk of each
@@ -58,7 +59,7 @@ def _chunk_layout(bounds: list[tuple[int, int]], C: int) -> tuple[torch.Tensor, 
     firsts = [0]
     for c in counts[:-1]:
         firsts.append(firsts[-1] + c)
-    dst = torch.cat([torch.arange(e - s) + f * C for (s, e), f in zip(bounds, firsts)])
+    dst = torch.cat([torch.arange(e - s, device=device) + f * C for (s, e), f in zip(bounds, firsts)])
     return dst, firsts, counts
 
 
@@ -70,7 +71,7 @@ def chunk_kda_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     B, T, H, K = q.shape
     V, C, N = v.shape[-1], chunk_size, len(bounds)
     scale = default_scale(scale, K)
-    dst, firsts, counts = _chunk_layout(bounds, C)
+    dst, firsts, counts = _chunk_layout(bounds, C, q.device)
     M = sum(counts)
 
     def pad(x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +96,7 @@ def chunk_kda_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     order = sorted(range(N), key=lambda i: -counts[i])
     state = q.new_zeros(N, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
     state = state[order]
-    first = torch.tensor([firsts[i] for i in order])
+    first = torch.tensor([firsts[i] for i in order], device=q.device)
     outs, where = [], []
     for n in range(max(counts, default=0)):
         a = sum(1 for i in order if counts[i] > n)

@@ -31,11 +31,12 @@ from k3serve.layers.moe import MoEGate
 from k3serve.layers.norm import GatedRMSNorm, KimiRMSNorm
 from k3serve.models.kimi import build_model, text_model
 from k3serve.models.registry import CONFIG_DIR
-from k3serve.models.writer import init_random_, save_checkpoint
+from k3serve.models.writer import init_random_
 from k3serve.train import data, parallel
+from k3serve.train.export import compact_config, export, save_compact
 from k3serve.train.forward import train_forward
 from k3serve.train.tok import load_tokenizer
-from k3serve.train.qat import enable_qat, expert_modules, master, pack_experts
+from k3serve.train.qat import enable_qat, expert_modules
 from k3serve.train.vocab import CompactVocab
 
 DEFAULT_CONFIG = CONFIG_DIR / "k3-default.json"
@@ -58,7 +59,8 @@ class TrainConfig:
     threads: int = 1  # per process
     workers: int = 1  # data-parallel processes (one per core)
     log_every: int = 10
-    save_every: int = 0  # also export <out>/step_<k>/model every this many steps (0: only at the end)
+    save_every: int = 0  # also write <out>/compact/step_<k>.safetensors every this many steps (export.py)
+    device: str = "cpu"  # "cuda" (or "cuda:N") trains on a GPU: one process, data drawn in a helper process
     copy_share: float = 0.0  # share of plain-copy samples until copy_until (fraction of steps) ...
     copy_until: float = 0.0
     copy_after: float = 0.0  # ... and from then on
@@ -74,17 +76,16 @@ class TrainConfig:
             raise ValueError("save_every must be >= 0")
         if not 0.0 <= self.qat_from <= 1.0:
             raise ValueError("qat_from must be in [0, 1]")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.device != "cpu" and self.workers != 1:
+            raise ValueError("a GPU run uses one process (--workers 1)")
         self.copy_warmup  # validates
 
     @property
     def copy_warmup(self) -> data.CopyWarmup:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
                               self.recall_frac)
-
-
-def compact_config(full: ModelConfig, vocab: CompactVocab) -> ModelConfig:
-    cfg = dataclasses.replace(full, experts_mxfp4=False, vision=None, media_placeholder_token_id=None)
-    return cfg.replace_text(vocab_size=len(vocab), bos_token_id=None, eos_token_id=(), pad_token_id=None)
 
 
 @torch.no_grad()
@@ -127,7 +128,7 @@ class LoadTracker:
     @torch.no_grad()
     def update(self, u: float, world: int = 1) -> None:
         """Step every router bias against its expert loads, summed over ranks so all ranks agree."""
-        loads = [self.loads.get(i, torch.zeros(g.weight.shape[0])) for i, g in enumerate(self.gates)]
+        loads = [self.loads.get(i, g.weight.new_zeros(g.weight.shape[0])) for i, g in enumerate(self.gates)]
         parallel.sum_(loads, world)
         for g, load in zip(self.gates, loads):
             g.e_score_correction_bias += u * torch.sign(load.mean() - load)
@@ -137,24 +138,27 @@ class LoadTracker:
 def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
               by_kind: dict[str, list[float]] | None = None) -> tuple[torch.Tensor, int]:
     """Mean loss over the answer tokens of the batch, and how many there were; ``by_kind`` (if given)
-    accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt."""
-    seqs = [torch.tensor(vocab.to_compact(e.ids)) for e in batch]
-    hidden = train_forward(model, seqs)
-    pos, tgt, off = [], [], 0
-    for e, s in zip(batch, seqs):
-        pos.append(torch.arange(off + e.n_prompt - 1, off + len(e.ids) - 1))
-        tgt.append(s[e.n_prompt:])
-        off += len(e.ids)
-    logits = model.compute_logits(hidden[torch.cat(pos)])
-    target = torch.cat(tgt)
-    per_token = vocab.loss(logits, target, reduction="none")
+    accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt.
+    The batch is assembled on the host and moved to the model's device in one copy each."""
+    device = next(model.parameters()).device
+    lens = [len(e.ids) for e in batch]
+    flat = torch.tensor([i for e in batch for i in vocab.to_compact(e.ids)], device="cpu")
+    pos, off = [], 0
+    for e, n in zip(batch, lens):
+        pos.append(torch.arange(off + e.n_prompt - 1, off + n - 1, device="cpu"))  # each answer token's predecessor
+        off += n
+    pos_t = torch.cat(pos)
+    target = flat[pos_t + 1].to(device)
+    hidden = train_forward(model, list(flat.to(device).split(lens)))
+    per_token = vocab.loss(model.compute_logits(hidden[pos_t.to(device)]), target, reduction="none")
     if by_kind is not None:
+        host = per_token.detach().cpu().tolist()
         off = 0
-        for e, t in zip(batch, tgt):
+        for e, n in zip(batch, lens):
             acc = by_kind.setdefault(e.kind, [0.0, 0])
-            acc[0] += per_token[off:off + len(t)].sum().item()
-            acc[1] += len(t)
-            off += len(t)
+            acc[0] += sum(host[off:off + n - e.n_prompt])
+            acc[1] += n - e.n_prompt
+            off += n - e.n_prompt
     return per_token.mean(), target.numel()
 
 
@@ -190,6 +194,9 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1), full.text.vocab_size)
     model = build_model(compact_config(full, vocab))
     init_for_training(model, cfg.seed, cfg.embed_std)
+    model.to(cfg.device)
+    if rank == 0:  # first, so compact snapshots are usable while the run goes on
+        (cfg.out / "used_ids.json").write_text(json.dumps(vocab.ids))
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "gate.weight" not in n]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2 or "gate.weight" in n]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -199,8 +206,10 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     stats: dict[str, int] = {}
     t0, toks, window, kinds = time.time(), 0, [], {}
     qat_step = int(cfg.qat_from * cfg.steps)
-    stream = data.batches(tokenizer, vocab, seed=cfg.seed + 2 + 1000 * rank, steps=cfg.steps,
-                          tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=cfg.copy_warmup)
+    # On a GPU the host is the bottleneck: the batches are drawn in a helper process, ahead of the steps.
+    draw = data.batches if cfg.device == "cpu" else data.prefetched
+    stream = draw(tokenizer, vocab, seed=cfg.seed + 2 + 1000 * rank, steps=cfg.steps,
+                  tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=cfg.copy_warmup)
     probe = next(data.batches(tokenizer, vocab, seed=cfg.seed + 3, steps=1, tokens_per_step=cfg.tokens_per_step))
     for step, batch in enumerate(stream):
         if step == qat_step:
@@ -217,9 +226,9 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
         opt.step()
         tracker.update(cfg.bias_update, world)
         toks += sum(len(e.ids) for e in batch) * world
-        window.append(loss.item())
+        window.append(loss.detach())  # read back once per log line, not once per step
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-            entry = {"step": step + 1, "loss": sum(window) / len(window), "tokens": toks,
+            entry = {"step": step + 1, "loss": torch.stack(window).mean().item(), "tokens": toks,
                      "seconds": round(time.time() - t0, 1), "tok_per_s": round(toks / (time.time() - t0), 1),
                      "qat": step >= qat_step, "skipped": stats.get("skipped", 0),
                      "kind_loss": {k: round(v[0] / max(1, v[1]), 3) for k, v in sorted(kinds.items())}}
@@ -227,42 +236,18 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
             log.append(entry)
             if rank == 0:
                 print(json.dumps(entry), flush=True)
-        if rank == 0 and cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-            export(model, vocab, cfg.config, cfg.out / f"step_{step + 1}")
+        if rank == 0 and cfg.save_every and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps):
+            save_compact(model, cfg.out / "compact" / f"step_{step + 1}.safetensors", {"config": str(cfg.config)})
+            write_log(cfg, vocab, log)
     log.append({"step": cfg.steps, "final": probe_losses(model, vocab, probe)})
     if rank == 0:
         print(json.dumps(log[-1]), flush=True)
     return model, vocab, log
 
 
-@torch.no_grad()
-def export(model: nn.Module, vocab: CompactVocab, config_path: Path, out: Path) -> tuple[Path, Path]:
-    """Write the shipped MXFP4 checkpoint and the bf16-experts twin; returns their directories."""
-    raw = json.loads(Path(config_path).read_text())
-    packed_cfg = ModelConfig.from_dict(raw)
-    bf16_cfg = ModelConfig.from_dict({k: v for k, v in raw.items() if k != "quantization_config"})
-    src = text_model(model)
-    dirs = []
-    for cfg, name in ((packed_cfg, "model"), (bf16_cfg, "bf16")):
-        dst = build_model(cfg)
-        init_for_training(dst, 0)  # every tensor is overwritten below; this only makes buffers defined
-        tm = text_model(dst)
-        tm.model.embed_tokens.weight.copy_(vocab.expand_rows(src.model.embed_tokens.weight))
-        if not cfg.text.tie_word_embeddings:
-            tm.lm_head.weight.copy_(vocab.expand_rows(src.lm_head.weight))
-        skip = ("embed_tokens", "lm_head", ".experts.")
-        own = dict(tm.named_parameters())
-        for n, p in src.named_parameters():
-            if not any(s in n for s in skip):
-                own[n].copy_(p)
-        if cfg.experts_mxfp4:
-            pack_experts(model, dst)
-        else:
-            for s, d in zip(expert_modules(model), expert_modules(dst)):
-                d.w13.copy_(master(s, "w13"))
-                d.w2.copy_(master(s, "w2"))
-        dirs.append(save_checkpoint(dst, cfg, out / name, dtype=torch.bfloat16))
-    return dirs[0], dirs[1]
+def write_log(cfg: TrainConfig, vocab: CompactVocab, log: list[dict]) -> None:
+    meta = {"config": {k: str(v) for k, v in dataclasses.asdict(cfg).items()}, "used_ids": len(vocab), "log": log}
+    (cfg.out / "train_log.json").write_text(json.dumps(meta, indent=1))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -291,11 +276,8 @@ def _worker(rank: int, world: int, cfg: TrainConfig) -> None:
     finally:
         parallel.finish(world)
     if rank == 0:
+        write_log(cfg, vocab, log)
         model_dir, bf16_dir = export(model, vocab, cfg.config, cfg.out)
-        (cfg.out / "used_ids.json").write_text(json.dumps(vocab.ids))
-        meta = {"config": {k: str(v) for k, v in dataclasses.asdict(cfg).items()}, "used_ids": len(vocab),
-                "log": log}
-        (cfg.out / "train_log.json").write_text(json.dumps(meta, indent=1))
         print(f"wrote {model_dir} and {bf16_dir}")
 
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from k3serve.ops import registry
-from k3serve.ops.mla import paged
-from k3serve.ops.mla import gather_latents, mla_decode_absorbed, mla_prefill, naive_mla_attention, write_latents
+from k3serve.ops.mla import packed, paged
+from k3serve.ops.mla import (gather_latents, mla_decode_absorbed, mla_prefill, mla_prefill_bucketed, mla_prefill_loop,
+                             naive_mla_attention, write_latents)
 
 H, DN, R, DV, C, BS = 3, 8, 4, 6, 16, 4
 DIMS = dict(nope_dim=DN, v_dim=DV, scale=(DN + R) ** -0.5)
@@ -94,3 +95,43 @@ def test_prefill_matches_naive(T: int, tile: int, monkeypatch) -> None:
 def test_registered_backends() -> None:
     assert registry.get("mla_decode", "torch") is mla_decode_absorbed
     assert registry.get("mla_prefill", "torch") is mla_prefill
+    assert registry.get("mla_prefill_packed", "torch") is mla_prefill_loop
+    assert registry.get("mla_prefill_packed", "bucketed") is mla_prefill_bucketed
+
+
+def test_buckets_bound_padding() -> None:
+    lens = [3, 40, 1, 17, 17, 90, 2, 60, 8]
+    groups = packed.buckets(lens, waste=1.5)
+    assert sorted(i for g in groups for i in g) == list(range(len(lens)))
+    for g in groups:
+        assert lens[g[0]] == max(lens[i] for i in g)  # the bucket pads to its first (longest) sequence
+        assert len(g) * lens[g[0]] <= 1.5 * sum(lens[i] for i in g)
+    assert packed.buckets([5, 5, 5], waste=1.0) == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize("lengths", [[1], [7], [5, 1, 17, 8, 2], [33, 2, 16, 9, 30, 31]])
+@pytest.mark.parametrize("waste", [1.0, 1.5, 100.0])  # a bucket per length .. one bucket for all
+def test_packed_prefill_bucketed_matches_loop(lengths: list[int], waste: float) -> None:
+    """Packed sequences, bucketed and right-padded, against each sequence alone: values and gradients."""
+    g = torch.Generator().manual_seed(3)
+    N = sum(lengths)
+    cu = torch.tensor([0, *lengths]).cumsum(0)
+    kv_b = (torch.randn(H * (DN + DV), C, generator=g) * 0.3).requires_grad_()
+    q = torch.randn(N, H, DN + R, generator=g, requires_grad=True)
+    lat = torch.randn(N, C + R, generator=g, requires_grad=True)
+    w = torch.randn(N, H, DV, generator=g)
+    outs, grads = [], []
+    for fn in (mla_prefill_loop, lambda *a, **k: mla_prefill_bucketed(*a, **k, waste=waste)):
+        o = fn(q, lat, cu, kv_b, **DIMS)
+        (o * w).sum().backward()
+        outs.append(o.detach())
+        grads.append([t.grad.clone() for t in (q, lat, kv_b)])
+        for t in (q, lat, kv_b):
+            t.grad = None
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads[1], grads[0]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # and the loop is the per-sequence spec
+    a, b = int(cu[-2]), int(cu[-1])
+    torch.testing.assert_close(outs[0][a:b], naive_mla_attention(q[a:b].detach(), lat[a:b].detach(), kv_b.detach(),
+                                                                 **DIMS), rtol=1e-5, atol=1e-5)

@@ -66,6 +66,6 @@ def test_gradients_match_loop(g_scale):
 
 def test_backend_is_restored():
     before = registry.get("kda_chunk")
-    with training_backend():
+    with training_backend(torch.device("cpu")):
         assert registry.get("kda_chunk") is chunk_kda_train
     assert registry.get("kda_chunk") is before

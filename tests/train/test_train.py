@@ -14,7 +14,8 @@ from k3serve.train.data import Encoded
 from k3serve.train.qat import enable_qat
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
-from k3serve.train.train import DEFAULT_CONFIG, TrainConfig, compact_config, export, init_for_training, step_loss
+from k3serve.train.export import compact_config, export, load_compact, save_compact
+from k3serve.train.train import DEFAULT_CONFIG, TrainConfig, init_for_training, step_loss
 from k3serve.train.vocab import CompactVocab
 
 
@@ -87,11 +88,38 @@ def test_export_loads_and_matches(setup, tmp_path):
     assert torch.all(got[rest] == 0)
     twin, twin_cfg = load_model(bf16_dir, progress=False)
     assert not twin_cfg.experts_mxfp4
+    # a compact snapshot (what a run writes every --save-every steps) exports to the same files
+    snap = save_compact(model, tmp_path / "compact" / "step_1.safetensors")
+    again = export(load_compact(DEFAULT_CONFIG, vocab, snap), vocab, DEFAULT_CONFIG, tmp_path / "again")
+    for a, b in zip((model_dir, bf16_dir), again):
+        assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+def test_export_cli_writes_a_snapshot_step(setup, tmp_path, capsys):
+    import json
+
+    from k3serve.train import export as export_mod
+
+    model, vocab, _ = setup
+    save_compact(model, tmp_path / "compact" / "step_7.safetensors", {"config": "/elsewhere/k3-default.json"})
+    assert export_mod.main([str(tmp_path)]) == 2  # no used_ids.json yet
+    assert "no compact snapshots or no used_ids.json" in capsys.readouterr().err
+    (tmp_path / "used_ids.json").write_text(json.dumps(vocab.ids))
+    assert export_mod.main([str(tmp_path), "--step", "8"]) == 2
+    assert "have [7]" in capsys.readouterr().err
+    # the recorded path is another machine's: the package config of the same name is used
+    assert export_mod.main([str(tmp_path), "--step", "7"]) == 0
+    loaded, cfg = load_model(tmp_path / "step_7" / "model", progress=False)
+    assert cfg.experts_mxfp4
 
 
 def test_config_validation():
     with pytest.raises(ValueError, match="steps"):
         TrainConfig(out=".", steps=0)
+    with pytest.raises(ValueError, match="device"):
+        TrainConfig(out=".", device="tpu")
+    with pytest.raises(ValueError, match="one process"):
+        TrainConfig(out=".", device="cuda", workers=2)
     with pytest.raises(ValueError, match="copy warm-up share"):
         TrainConfig(out=".", copy_share=1.5)
 
@@ -130,6 +158,10 @@ def test_batches_are_deterministic_and_follow_the_curriculum():
 
     a = run()
     assert a == run() and len(a) == 4
+    # the GPU path draws the same batches in a helper process
+    stats: dict[str, int] = {}
+    ahead = data.prefetched(tok, vocab, seed=2, steps=4, tokens_per_step=1500, stats=stats, depth=2)
+    assert [[(e.kind, tuple(e.ids)) for e in b] for b in ahead] == a
     assert all(sum(len(ids) for _, ids in b) <= 1500 or len(b) == 1 for b in a)
     assert data.recall_range(0.0) == data.SHORT and data.recall_range(0.95) == data.LONG
     # lists grow monotonically, and recall's token share stays bounded as they do

@@ -46,8 +46,8 @@ def route_layout(ids: torch.Tensor, num_experts: int) -> Layout:
     # sorted assignment j on expert e (the g-th hit expert, whose run starts at start_e) sits at padded row
     # g·width + (j - start_e); the per-expert shift is computed as tensors, not in a Python loop over experts
     shift = ((counts > 0).cumsum(0) - 1) * width - (counts.cumsum(0) - counts)
-    dest = torch.arange(flat.numel()).add_(shift.index_select(0, flat.index_select(0, order)))
-    token_of_row = torch.full((len(hit) * width,), N, dtype=torch.long)
+    dest = torch.arange(flat.numel(), device=ids.device).add_(shift.index_select(0, flat.index_select(0, order)))
+    token_of_row = torch.full((len(hit) * width,), N, dtype=torch.long, device=ids.device)
     token_of_row.index_copy_(0, dest, order.div(k, rounding_mode="floor"))
     row_of = torch.empty_like(dest).index_copy_(0, order, dest)
     return Layout(hit, width, token_of_row, row_of)
@@ -89,7 +89,7 @@ def grouped_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Te
     else:
         w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
     if len(lay.hit) < w13.shape[0]:
-        hit = torch.tensor(lay.hit)
+        hit = torch.tensor(lay.hit, device=w13.device)
         w13t, w2t = w13t.index_select(0, hit), w2t.index_select(0, hit)
     return _combine(_gemms(_pack_tokens(u, lay), w13t, w2t, glu), lay, weights)
 
@@ -109,7 +109,7 @@ def mxfp4_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Tens
     y = torch.empty(len(lay.hit), lay.width, rows2, dtype=u.dtype, device=u.device)
     group = max(1, _DEQUANT_ELEMENTS // (rows13 * half_d * 2 + rows2 * half_i * 2))
     for g0 in range(0, len(lay.hit), group):
-        sel = torch.tensor(lay.hit[g0:g0 + group])
+        sel = torch.tensor(lay.hit[g0:g0 + group], device=w13_packed.device)
         n = sel.numel()
         w13 = fp4_dequant_rows(w13_packed.index_select(0, sel).view(n * rows13, half_d),
                                w13_scale.index_select(0, sel).view(n * rows13, -1), compute)
