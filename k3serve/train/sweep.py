@@ -40,8 +40,22 @@ def launch(name: str, out: Path, flags: list[str], steps: int, save_every: int, 
 def seconds_per_step(run: Path) -> float:
     """From the log lines of a calibration run: the time of its second half (the first holds start-up)."""
     lines = [e for e in json.loads((run / "train_log.json").read_text())["log"] if "seconds" in e]
+    if len(lines) < 2:
+        raise ValueError(f"{run}: a calibration run needs at least two log lines, found {len(lines)}")
     (a, b) = (lines[len(lines) // 2 - 1], lines[-1])
     return (b["seconds"] - a["seconds"]) / (b["step"] - a["step"])
+
+
+def parse_variants(specs: list[str]) -> dict[str, list[str]]:
+    """``["a:--lr=0.01,--steps=5", ...]`` -> ``{"a": ["--lr=0.01", "--steps=5"]}``; names are unique run
+    directory names."""
+    variants: dict[str, list[str]] = {}
+    for spec in specs:
+        name, _, flags = spec.partition(":")
+        if not name or not name.replace("-", "").replace("_", "").isalnum() or name in variants or name == "calib":
+            raise ValueError(f"bad or repeated variant name {name!r} (letters, digits, - and _; not 'calib')")
+        variants[name] = [f for f in flags.split(",") if f]
+    return variants
 
 
 def wait_all(procs: dict[str, subprocess.Popen], deadline: float) -> dict[str, int | None]:
@@ -65,13 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     args, extra = p.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
-    variants = {}
-    for spec in args.variant:
-        name, _, flags = spec.partition(":")
-        variants[name] = [f for f in flags.split(",") if f]
+    if args.calib_steps < 8:
+        p.error("--calib-steps must be at least 8")
+    try:
+        variants = parse_variants(args.variant)
+    except ValueError as e:
+        p.error(str(e))
     t0 = time.time()
-    calib = {n: launch(n, args.out / "calib", f + ["--qat-from", "0.5"], args.calib_steps, args.calib_steps // 2, extra,
-                      args.device)
+    # QAT from half-way and a snapshot there, so calibration also exercises both; four log lines to time
+    calib_flags = ["--qat-from", "0.5", "--log-every", str(max(1, args.calib_steps // 4))]
+    calib = {n: launch(n, args.out / "calib", f + calib_flags, args.calib_steps, args.calib_steps // 2, extra,
+                       args.device)
              for n, f in variants.items()}
     codes = wait_all(calib, time.time() + 600)
     failed = [n for n, c in codes.items() if c != 0]

@@ -3,11 +3,13 @@
     python -m k3serve.train.train --out runs/k3-default --workers 2 --steps 900 --tokens-per-step 2048
 
 Plain PyTorch on CPU, data-parallel over ``workers`` processes (``parallel.py``; ``tokens_per_step`` is per
-process), deterministic for a given seed, worker count and thread count. Training uses a compact
+process), deterministic for a given seed, worker count and thread count; or on one GPU (``--device cuda``,
+one process, batches drawn ahead in a helper process, deterministic up to CUDA's atomic adds). Training uses a compact
 float-expert copy of ``k3-default.json`` (vocabulary = used ids, see ``vocab.py``; experts as float masters
 under MXFP4 fake-quant from ``qat_from`` on, see ``qat.py``). Export writes ``<out>/model`` (the shipped
 checkpoint: full vocabulary, MXFP4 experts, bf16) and ``<out>/bf16`` (same weights, experts in bf16, for
-the MXFP4-vs-bf16 agreement check; not shipped), plus ``used_ids.json`` and ``train_log.json``.
+the MXFP4-vs-bf16 agreement check; not shipped; ``export.py``), plus ``used_ids.json``, ``train_log.json`` and
+with ``save_every`` compact snapshots ``<out>/compact/step_<k>.safetensors``.
 """
 
 from __future__ import annotations
