@@ -118,15 +118,17 @@ def inventory(tokenizer, seed: int, per_kind: int = 600) -> set[int]:
 
 
 def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
-            stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup()) -> Iterator[list[Encoded]]:
-    """``steps`` batches of fresh samples, deterministic in ``seed``; never cut a sample."""
+            stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup(),
+            progress_from: float = 0.0) -> Iterator[list[Encoded]]:
+    """``steps`` batches of fresh samples, deterministic in ``seed``; never cut a sample. The curriculum runs
+    from ``progress_from`` to 1 over the steps (a run that continues another starts where that one ended)."""
     rng = random.Random(seed)
     pending: Encoded | None = None
     for step in range(steps):
         batch: list[Encoded] = []
         used = 0
         while True:
-            e = pending or draw(rng, tokenizer, step / steps, warmup)
+            e = pending or draw(rng, tokenizer, progress_from + (1.0 - progress_from) * step / steps, warmup)
             pending = None
             if not vocab.covers(e.ids):
                 if stats is not None:
@@ -151,12 +153,13 @@ def _produce(queue, vocab_ids: list[int], full_size: int, kwargs: dict) -> None:
 
 def prefetched(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
                stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup(),
-               depth: int = 16) -> Iterator[list[Encoded]]:
+               progress_from: float = 0.0, depth: int = 16) -> Iterator[list[Encoded]]:
     """``batches`` drawn in a helper process, up to ``depth`` ahead: the same batches in the same order.
     ``tokenizer`` is unused (the helper loads its own: the native one does not cross processes)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue(maxsize=depth)
-    kwargs = {"seed": seed, "steps": steps, "tokens_per_step": tokens_per_step, "warmup": warmup}
+    kwargs = {"seed": seed, "steps": steps, "tokens_per_step": tokens_per_step, "warmup": warmup,
+              "progress_from": progress_from}
     proc = ctx.Process(target=_produce, args=(queue, vocab.ids, vocab.full_size, kwargs), daemon=True)
     proc.start()
     try:

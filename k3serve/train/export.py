@@ -45,11 +45,13 @@ def save_compact(model: nn.Module, path: Path, meta: dict[str, str] | None = Non
     return path
 
 
-def load_compact(config_path: Path, vocab: CompactVocab, path: Path) -> nn.Module:
-    """The training model of a compact snapshot (QAT parametrisation restored if the snapshot had it)."""
+def load_params(model: nn.Module, vocab: CompactVocab, path: Path) -> None:
+    """Overwrite ``model``'s parameters with a compact snapshot's (QAT parametrisation restored if the
+    snapshot had it). The snapshot's run must have used the same vocabulary (its ``used_ids.json``)."""
+    ids_file = path.parent.parent / "used_ids.json"
+    if ids_file.is_file() and json.loads(ids_file.read_text()) != vocab.ids:
+        raise ValueError(f"{path}: its run used another vocabulary ({ids_file}); same data code and seed needed")
     tensors = load_file(str(path))
-    model = build_model(compact_config(ModelConfig.from_file(config_path), vocab))
-    init_random_(model, 0)  # every parameter is overwritten below
     if any(".parametrizations." in n for n in tensors):
         enable_qat(model)
     own = dict(model.named_parameters())
@@ -58,7 +60,16 @@ def load_compact(config_path: Path, vocab: CompactVocab, path: Path) -> nn.Modul
         raise ValueError(f"{path}: snapshot does not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
     with torch.no_grad():
         for n, p in own.items():
+            if p.shape != tensors[n].shape:
+                raise ValueError(f"{path}: {n} is {tuple(tensors[n].shape)}, the model's {tuple(p.shape)}")
             p.copy_(tensors[n])
+
+
+def load_compact(config_path: Path, vocab: CompactVocab, path: Path) -> nn.Module:
+    """The training model of a compact snapshot."""
+    model = build_model(compact_config(ModelConfig.from_file(config_path), vocab))
+    init_random_(model, 0)  # every parameter is overwritten
+    load_params(model, vocab, path)
     return model
 
 

@@ -35,7 +35,7 @@ from k3serve.models.kimi import build_model, text_model
 from k3serve.models.registry import CONFIG_DIR
 from k3serve.models.writer import init_random_
 from k3serve.train import data, parallel
-from k3serve.train.export import compact_config, export, save_compact
+from k3serve.train.export import compact_config, export, load_params, save_compact
 from k3serve.train.forward import train_forward
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.qat import enable_qat, expert_modules
@@ -63,6 +63,8 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 0  # also write <out>/compact/step_<k>.safetensors every this many steps (export.py)
     device: str = "cpu"  # "cuda" (or "cuda:N") trains on a GPU: one process, data drawn in a helper process
+    init_from: str = ""  # continue from this compact snapshot (export.py) instead of a fresh init ...
+    progress_from: float = 0.0  # ... with the curriculum going on from here (1.0: the final mix throughout)
     copy_share: float = 0.0  # share of plain-copy samples until copy_until (fraction of steps) ...
     copy_until: float = 0.0
     copy_after: float = 0.0  # ... and from then on
@@ -78,6 +80,10 @@ class TrainConfig:
             raise ValueError("save_every must be >= 0")
         if not 0.0 <= self.qat_from <= 1.0:
             raise ValueError("qat_from must be in [0, 1]")
+        if not 0.0 <= self.progress_from <= 1.0:
+            raise ValueError("progress_from must be in [0, 1]")
+        if self.init_from and not Path(self.init_from).is_file():
+            raise ValueError(f"init_from: no snapshot at {self.init_from}")
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.device != "cpu" and self.workers != 1:
@@ -196,6 +202,8 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1), full.text.vocab_size)
     model = build_model(compact_config(full, vocab))
     init_for_training(model, cfg.seed, cfg.embed_std)
+    if cfg.init_from:
+        load_params(model, vocab, Path(cfg.init_from))
     model.to(cfg.device)
     if rank == 0:  # first, so compact snapshots are usable while the run goes on
         (cfg.out / "used_ids.json").write_text(json.dumps(vocab.ids))
@@ -211,7 +219,8 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     # On a GPU the host is the bottleneck: the batches are drawn in a helper process, ahead of the steps.
     draw = data.batches if cfg.device == "cpu" else data.prefetched
     stream = draw(tokenizer, vocab, seed=cfg.seed + 2 + 1000 * rank, steps=cfg.steps,
-                  tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=cfg.copy_warmup)
+                  tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=cfg.copy_warmup,
+                  progress_from=cfg.progress_from)
     probe = next(data.batches(tokenizer, vocab, seed=cfg.seed + 3, steps=1, tokens_per_step=cfg.tokens_per_step))
     for step, batch in enumerate(stream):
         if step == qat_step:

@@ -95,6 +95,23 @@ def test_export_loads_and_matches(setup, tmp_path):
         assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
 
 
+def test_continuing_a_run_loads_its_snapshot_and_checks_the_vocabulary(setup, tmp_path):
+    import json
+
+    from k3serve.train.export import load_params
+
+    model, vocab, _ = setup
+    snap = save_compact(model, tmp_path / "compact" / "step_3.safetensors")
+    fresh = build_model(compact_config(ModelConfig.from_file(DEFAULT_CONFIG), vocab))
+    init_for_training(fresh, 1)
+    load_params(fresh, vocab, snap)
+    want = dict(model.named_parameters())
+    assert all(torch.equal(p, want[n]) for n, p in fresh.named_parameters())
+    (tmp_path / "used_ids.json").write_text(json.dumps(vocab.ids[:-1]))  # the run had another vocabulary
+    with pytest.raises(ValueError, match="another vocabulary"):
+        load_params(fresh, vocab, snap)
+
+
 def test_export_cli_writes_a_snapshot_step(setup, tmp_path, capsys):
     import json
 
@@ -120,6 +137,10 @@ def test_config_validation():
         TrainConfig(out=".", device="tpu")
     with pytest.raises(ValueError, match="one process"):
         TrainConfig(out=".", device="cuda", workers=2)
+    with pytest.raises(ValueError, match="no snapshot"):
+        TrainConfig(out=".", init_from="/nonexistent/step_1.safetensors")
+    with pytest.raises(ValueError, match="progress_from"):
+        TrainConfig(out=".", progress_from=1.5)
     with pytest.raises(ValueError, match="copy warm-up share"):
         TrainConfig(out=".", copy_share=1.5)
 
@@ -142,6 +163,9 @@ def test_copy_warmup_schedule():
     # recall lists follow the curriculum: short (<= 16 records, no thinking) at the start
     first = [len(e.ids) for e in stream[0] if e.kind == "recall"]
     assert first and max(first) < 40 + 16 * 15
+    # a continued run (progress_from 1.0) draws the final mix from its first step: long recall lists
+    late = list(data.batches(tok, vocab, seed=3, steps=2, tokens_per_step=6000, warmup=mixed, progress_from=1.0))
+    assert min(len(e.ids) for b in late for e in b if e.kind == "recall") > 1200
     with pytest.raises(ValueError, match="at most 1"):
         data.CopyWarmup(lookup=0.6, recall=0.6)
 
