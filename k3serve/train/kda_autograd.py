@@ -92,21 +92,26 @@ def chunk_kda_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     k_suf_t = ((gamma[..., -1:, :] - gamma).exp() * kc).mT  # [M, H, K, C]
     chunk_dec = gamma[..., -1, :].exp().unsqueeze(-1)  # [M, H, K, 1]
 
-    # Sequences ranked by chunk count: the ones still running at step n are a prefix of the ranking.
+    # Sequences ranked by chunk count: the ones still running at step n are a prefix of the ranking. The
+    # chunk tensors are put in step-major order once (step 0's chunks of every sequence, then step 1's ...)
+    # and split per step: each step then reads plain views, and the backward joins the steps' gradients in
+    # one cat, where per-step gathers cost a full-size zero-filled scatter each (and six more ops per step).
     order = sorted(range(N), key=lambda i: -counts[i])
+    active = [sum(1 for c in counts if c > n) for n in range(max(counts, default=0))]
+    perm = torch.tensor([firsts[i] + n for n, a in enumerate(active) for i in order[:a]], device=q.device)
+    # (chunk, head) pairs flattened into one batch dim, so each product is a single bmm / baddbmm
+    steps = [t.index_select(0, perm).flatten(0, 1).split([a * H for a in active])
+             for t in (u, w, q_dec, a_qk, chunk_dec, k_suf_t)]
     state = q.new_zeros(N, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
-    state = state[order]
-    first = torch.tensor([firsts[i] for i in order], device=q.device)
-    outs, where = [], []
-    for n in range(max(counts, default=0)):
-        a = sum(1 for i in order if counts[i] > n)
-        idx = first[:a] + n
-        s = state[:a]
-        delta = u[idx] - w[idx] @ s
-        outs.append(q_dec[idx] @ s + a_qk[idx] @ delta)
-        where.append(idx)
-        state = torch.cat([chunk_dec[idx] * s + k_suf_t[idx] @ delta, state[a:]])
-    o = torch.cat(outs)[torch.cat(where).argsort()]  # back to chunk order [M, H, C, V]
+    state = state[order].flatten(0, 1)  # [N * H, K, V]
+    outs = []
+    for a, u_n, w_n, q_n, aqk_n, dec_n, ks_n in zip(active, *steps):
+        s = state[:a * H]
+        delta = torch.baddbmm(u_n, w_n, s, alpha=-1.0)  # u - w S
+        outs.append(torch.baddbmm(torch.bmm(q_n, s), aqk_n, delta))  # q S + A_qk delta
+        state = torch.cat([torch.baddbmm(dec_n * s, ks_n, delta), state[a * H:]])
+    state = state.view(N, H, K, V)
+    o = torch.cat(outs).view(M, H, C, V)[perm.argsort()]  # back to chunk order [M, H, C, V]
     o = o.transpose(1, 2).reshape(M * C, H, V)[dst]
     final = torch.empty_like(state)
     final[order] = state
