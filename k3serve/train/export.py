@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.utils import parametrize
@@ -127,9 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if step not in found:
         print(f"error: no snapshot for step {step}; have {sorted(found)}", file=sys.stderr)
         return 2
-    with open(found[step], "rb") as f:  # safetensors metadata: 8-byte header length, then JSON
-        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    recorded = Path(header.get("__metadata__", {}).get("config", ""))
+    with safe_open(str(found[step]), "pt") as f:
+        recorded = Path((f.metadata() or {}).get("config", ""))
     # a run made on another machine records its path there; the package's own configs are found by name
     config = args.config or (recorded if recorded.is_file() else CONFIG_DIR / recorded.name)
     if not config.is_file():
