@@ -10,7 +10,8 @@ taking most of them (run r5: 44-59% of the tokens went to long recall, which it 
     0.3-0.75     grows to 110-175
     0.75-1.0     110-175   (1.6k-2.5k tokens)
 
-A batch is a list of ``(ids, n_prompt)`` whose total length stays under the token budget.
+A batch is a list of ``(ids, n_prompt)`` whose total length stays under the token budget; ``prefetched`` draws the
+same batches in a helper process (GPU training, where the host is the bottleneck).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ adds make repeated runs differ in low bits).
     python -m k3serve.train.sweep --out runs/sweep --budget 420 \\
         --variant a:--tokens-per-step=65536,--lr=0.006 --variant b:--tokens-per-step=65536,--lr=0.012
 
-Flags common to every variant follow ``--`` (default: the shipped model's curriculum flags).
+Every run gets the shipped model's curriculum flags (``COMMON``); flags after ``--`` go to every variant after
+those (so they override them), and a variant's own flags come last.
 """
 
 from __future__ import annotations
