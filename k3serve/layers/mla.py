@@ -98,7 +98,8 @@ class MLAttention(nn.Module):
         o = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
         if rows:
             r = torch.tensor(rows, device=q.device)
-            tokens = ctx.cu_seqlens.index_select(0, r)
+            # cu_seqlens may live on the host (the layers read it as ints): index it there, then move
+            tokens = ctx.cu_seqlens[rows].to(q.device)
             o[tokens] = self._decode(q.index_select(0, tokens), cache, ctx, ctx.block_tables.index_select(0, r),
                                      ctx.context_lens_tensor.index_select(0, r), max(ctx.context_lens[i] for i in rows))
         prefill = registry.get("mla_prefill")
