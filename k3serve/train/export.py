@@ -76,7 +76,8 @@ def load_compact(config_path: Path, vocab: CompactVocab, path: Path) -> nn.Modul
 
 @torch.no_grad()
 def export(model: nn.Module, vocab: CompactVocab, config_path: Path, out: Path) -> tuple[Path, Path]:
-    """Write the shipped MXFP4 checkpoint and the bf16-experts twin; returns their directories."""
+    """Write the shipped MXFP4 checkpoint and the bf16-experts twin; returns their directories. Moves
+    ``model`` to the host (in place), where the export is built."""
     model = model.to("cpu")
     raw = json.loads(Path(config_path).read_text())
     packed_cfg = ModelConfig.from_dict(raw)

@@ -34,8 +34,8 @@ def launch(name: str, out: Path, flags: list[str], steps: int, save_every: int, 
            "--steps", str(steps), "--save-every", str(save_every), *COMMON, *extra, *flags]
     (out / name).mkdir(parents=True, exist_ok=True)
     print(f"[{name}] {' '.join(cmd[1:])}", flush=True)
-    log = open(out / name / "stdout.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    with open(out / name / "stdout.log", "w") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
 def seconds_per_step(run: Path) -> float:
