@@ -69,3 +69,13 @@ def test_backend_is_restored():
     with training_backend(torch.device("cpu")):
         assert registry.get("kda_chunk") is chunk_kda_train
     assert registry.get("kda_chunk") is before
+
+
+def test_gpu_training_takes_the_fewest_op_forms():
+    ops = ("kda_chunk", "mla_prefill_packed", "expert_combine")
+    before = {op: registry.active(op) for op in ops}
+    with training_backend(torch.device("cpu")):
+        assert registry.active("expert_combine") == before["expert_combine"]
+    with training_backend(torch.device("meta")):  # any non-CPU device
+        assert [registry.active(op) for op in ops] == ["train", "bucketed", "grouped"]
+    assert {op: registry.active(op) for op in ops} == before

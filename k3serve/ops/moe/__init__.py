@@ -1,7 +1,7 @@
 """Routed-expert combine: ``naive`` (per token, the spec), ``grouped`` (padded batched GEMMs), ``segmented``
 (one GEMM pair per expert, for large batches) and ``dense`` (every expert on every token, for small
 batches), for dense experts ("expert_combine": dense, grouped or segmented by batch size) and MXFP4-packed
-experts ("mxfp4_expert_combine": grouped)."""
+experts ("mxfp4_expert_combine": grouped). Backend "grouped" of "expert_combine" always takes the padded form."""
 
 from k3serve.ops.moe.dense import dense_expert_combine, expert_combine
 from k3serve.ops.moe.grouped import grouped_expert_combine, mxfp4_expert_combine
@@ -11,6 +11,7 @@ from k3serve.ops.registry import register
 
 register("expert_combine", "torch")(expert_combine)
 register("expert_combine", "naive")(naive_expert_combine)
+register("expert_combine", "grouped")(grouped_expert_combine)  # GPU training: fewest ops
 register("mxfp4_expert_combine", "torch")(mxfp4_expert_combine)
 register("mxfp4_expert_combine", "naive")(naive_mxfp4_expert_combine)
 

@@ -25,7 +25,7 @@ def naive_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.Tens
             e = int(ids[n, j])
             h = F.linear(u[n:n + 1], w13[e])
             y = F.linear(glu(h[:, :inter], h[:, inter:]), w2[e])
-            out[n] += float(weights[n, j]) * y[0].float()
+            out[n] += weights[n, j].float() * y[0].float()  # a tensor, so routing weights get gradients
     return out
 
 
@@ -43,5 +43,5 @@ def naive_mxfp4_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torc
             h = mxfp4_linear(u[n:n + 1], w13_packed[e], w13_scale[e], act_quant=act_quant).to(u.dtype)
             a = glu(h[:, :inter], h[:, inter:])
             y = mxfp4_linear(a, w2_packed[e], w2_scale[e], act_quant=act_quant).to(u.dtype)
-            out[n] += float(weights[n, j]) * y[0].float()
+            out[n] += weights[n, j].float() * y[0].float()  # a tensor, so routing weights get gradients
     return out
