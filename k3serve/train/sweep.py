@@ -72,12 +72,13 @@ def wait_all(procs: dict[str, subprocess.Popen], deadline: float) -> dict[str, i
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="sweep directory: <out>/calib/<name>, then <out>/<name>")
     p.add_argument("--budget", type=float, required=True, help="seconds of training per variant (main phase)")
     p.add_argument("--variant", action="append", required=True, metavar="NAME:FLAG,FLAG",
                    help="a run: its name and its own train flags, comma-separated (--flag=value)")
-    p.add_argument("--calib-steps", type=int, default=40)
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--calib-steps", type=int, default=40,
+                   help="steps of the concurrent calibration runs that time a step per variant (default: 40)")
+    p.add_argument("--device", default="cuda", help="device every variant trains on (default: cuda)")
     args, extra = p.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     if args.calib_steps < 8:

@@ -261,18 +261,49 @@ def write_log(cfg: TrainConfig, vocab: CompactVocab, log: list[dict]) -> None:
     (cfg.out / "train_log.json").write_text(json.dumps(meta, indent=1))
 
 
+HELP = {
+    "config": "model config of the full-vocabulary model to train (HF K3 config.json)",
+    "seed": "seed of the data, the init and the run (same seed, workers, threads -> same run)",
+    "steps": "optimizer steps",
+    "tokens_per_step": "tokens per step and per worker (whole samples, packed)",
+    "lr": "peak AdamW learning rate",
+    "warmup": "steps of linear learning-rate warm-up (then cosine decay)",
+    "min_lr_frac": "final learning rate as a fraction of --lr",
+    "weight_decay": "AdamW weight decay",
+    "clip": "gradient-norm clip",
+    "qat_from": "fraction of the steps after which experts train under MXFP4 fake-quant (1.0: never)",
+    "bias_update": "step of the aux-loss-free expert balancing bias (e_score_correction_bias)",
+    "threads": "torch threads per process",
+    "workers": "data-parallel processes on the CPU (one per core; a GPU run uses 1)",
+    "log_every": "steps between log lines (loss, tokens/s, per-kind answer loss)",
+    "save_every": "also write a compact snapshot <out>/compact/step_<k>.safetensors every this many steps (0: off)",
+    "device": "cpu, or cuda[:N] to train on one GPU",
+    "init_from": "continue from this compact snapshot (same data code and seed) instead of a fresh init",
+    "progress_from": "start the curriculum at this fraction of its course (1.0: the final task mix throughout)",
+    "copy_share": "share of warm-up samples (plain copies, lookups, short recall lists) until --copy-until",
+    "copy_until": "fraction of the steps until which --copy-share holds",
+    "copy_after": "share of warm-up samples after --copy-until",
+    "lookup_frac": "fraction of the warm-up samples that are key -> value lookups",
+    "recall_frac": "fraction of the warm-up samples that are recall lists",
+    "embed_std": "std of the initial embedding rows (tied with lm_head)",
+}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, logs)")
     for f in dataclasses.fields(TrainConfig):
         if f.name != "out":
             p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default) if f.name != "config" else Path,
-                           default=f.default)
+                           default=f.default, help=HELP[f.name] + " (default: %(default)s)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m k3serve.train.train", description=__doc__.splitlines()[0])
     add_arguments(p)
-    cfg = TrainConfig(**vars(p.parse_args(argv)))
+    try:
+        cfg = TrainConfig(**vars(p.parse_args(argv)))
+    except ValueError as e:  # a bad value: one line and exit status 2, as argparse does for its own checks
+        p.error(str(e))
     cfg.out.mkdir(parents=True, exist_ok=True)
     rendezvous = cfg.out / ".rendezvous"
     rendezvous.unlink(missing_ok=True)

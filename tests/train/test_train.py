@@ -1,5 +1,6 @@
 """A few training steps learn, and the export loads with the normal loader and computes the same function."""
 
+import dataclasses
 import random
 
 import pytest
@@ -204,3 +205,21 @@ def test_keep_freed_memory_applies_on_glibc_in_a_child():
     code = "from k3serve.train.parallel import keep_freed_memory; print(keep_freed_memory())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ("True" if sys.platform.startswith("linux") else "False")
+
+
+def test_train_cli_explains_every_flag_and_rejects_bad_values_in_one_line(capsys):
+    from k3serve.train import train as train_mod
+
+    with pytest.raises(SystemExit) as e:
+        train_mod.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for f in dataclasses.fields(TrainConfig):
+        assert "--" + f.name.replace("_", "-") in text
+    assert set(train_mod.HELP) == {f.name for f in dataclasses.fields(TrainConfig)} - {"out"}
+    for bad in (["--steps", "0"], ["--device", "tpu"], ["--qat-from", "2"]):
+        with pytest.raises(SystemExit) as e:
+            train_mod.main(["--out", "unused", *bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("python -m k3serve.train.train: error: ")
