@@ -155,7 +155,8 @@ class Core {
 
   // Each piece is looked up one step behind the scanner: its table slot is prefetched when the
   // piece is found and probed after the next piece is scanned, so the miss overlaps the scan.
-  // Pieces of 2..8 bytes (most of them) take a short path with a one-word key.
+  // Pieces of up to 24 bytes (nearly all) take one path with a three-word key and no branch on the
+  // length (a length test per piece was mispredicted often: prose piece lengths are random).
   void encode_plain(const uint8_t* s, size_t n, const uint8_t* end, std::vector<uint32_t>& out,
                     PieceCache& pc) const {
     const size_t max_len = V_.max_token_len();
@@ -165,18 +166,13 @@ class Core {
       Scanner sc(c, m);
       const uint8_t* prev_p = nullptr;
       size_t prev_n = 0;
-      uint64_t prev_w = 0, prev_h = 0;
-      Vocab::Key prev_key;
+      uint64_t prev_h = 0, prev_w0 = 0, prev_w1 = 0, prev_w2 = 0;  // prev_h != 0: key24 (see below)
       auto finish = [&]() {
-        if (prev_n == 1) {
-          out.push_back(V_.byte_rank(*prev_p));
-          return;
-        }
         uint32_t id = kNone;
         if (prev_h)
-          id = V_.find_short(prev_w, prev_n, prev_h);
+          id = V_.find24(prev_h, prev_w0, prev_w1, prev_w2, prev_n);
         else if (prev_n <= max_len)
-          id = V_.find(prev_key, prev_p, prev_n);
+          id = V_.find(prev_p, prev_n, end);
         if (id != kNone)
           out.push_back(id);
         else
@@ -186,24 +182,18 @@ class Core {
         size_t e = sc.next(i);
         const uint8_t* p = c + i;
         size_t len = e - i;
-        uint64_t w = 0, h = 0;
-        Vocab::Key key;
-        bool long_key = false;
-        if (len > 1 && len <= 8 && size_t(end - p) >= 8) {
-          w = Vocab::short_word(p, len);
-          h = Vocab::short_hash(w, len) | 1;  // never 0: 0 marks "no short key"
+        uint64_t h = 0, w0 = 0, w1 = 0, w2 = 0;
+        if (len <= 24 && size_t(end - p) >= 24) {  // all but long pieces and the last few bytes
+          h = Vocab::key24(p, len, w0, w1, w2) | 1;  // never 0 (the low bits never pick the slot)
           V_.prefetch_hash(h);
-        } else if (len > 1 && len <= max_len) {
-          key = V_.key(p, len, end);
-          V_.prefetch(key);
-          long_key = true;
         }
         if (prev_n) finish();
         prev_p = p;
         prev_n = len;
-        prev_w = w;
         prev_h = h;
-        if (long_key) prev_key = key;
+        prev_w0 = w0;
+        prev_w1 = w1;
+        prev_w2 = w2;
         i = e;
       }
       if (prev_n) finish();

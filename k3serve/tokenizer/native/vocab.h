@@ -96,6 +96,19 @@ class HugeArray {
   size_t n_ = 0;
 };
 
+// keep[len][j]: mask of the bytes of word j that lie inside a key of len bytes (len <= 24).
+struct Keep24 {
+  uint64_t m[25][3];
+  constexpr Keep24() : m() {
+    for (size_t len = 0; len <= 24; ++len)
+      for (size_t j = 0; j < 3; ++j) {
+        size_t b = len > 8 * j ? len - 8 * j : 0;
+        m[len][j] = b >= 8 ? ~uint64_t(0) : (uint64_t(1) << (8 * b)) - 1;
+      }
+  }
+};
+inline constexpr Keep24 kKeep24{};
+
 class Vocab {
  public:
   // tokens: (bytes, rank) pairs; ranks are the token ids and the BPE merge priorities.
@@ -187,18 +200,27 @@ class Vocab {
   }
   void prefetch(const Key& k) const { __builtin_prefetch(&table_[k.hash >> shift_]); }
 
-  // Short pieces (2..8 bytes, with 8 readable bytes at p): key, prefetch and probe without a Key.
-  static uint64_t short_word(const uint8_t* p, size_t len) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    return len == 8 ? w : w & ((uint64_t(1) << (8 * len)) - 1);
-  }
-  static uint64_t short_hash(uint64_t w, size_t len) { return (w ^ (uint64_t(len) << 58)) * 0x9E3779B97F4A7C15ull; }
   void prefetch_hash(uint64_t h) const { __builtin_prefetch(&table_[h >> shift_]); }
-  uint32_t find_short(uint64_t w, size_t len, uint64_t h) const {
+
+  // Pieces of 1..24 bytes with 24 readable bytes at p (nearly all of them): the same key and hash
+  // as key(), but with no branch on the length, which is unpredictable from piece to piece.
+  // (Plain words, not a Key: copying a Key through the stack stalls on store forwarding.)
+  static uint64_t key24(const uint8_t* p, size_t len, uint64_t& w0, uint64_t& w1, uint64_t& w2) {
+    const uint64_t* keep = kKeep24.m[len];
+    std::memcpy(&w0, p, 8);
+    std::memcpy(&w1, p + 8, 8);
+    std::memcpy(&w2, p + 16, 8);
+    w0 &= keep[0];
+    w1 &= keep[1];
+    w2 &= keep[2];
+    uint64_t x = w0 ^ (uint64_t(len) << 58) ^ (w1 * 0xC2B2AE3D27D4EB4Full) ^ (w2 * 0x9FB21C651E98DF25ull);
+    return x * 0x9E3779B97F4A7C15ull;
+  }
+  // h, w0..w2 from key24 (no tail to compare)
+  uint32_t find24(uint64_t h, uint64_t w0, uint64_t w1, uint64_t w2, size_t len) const {
     for (size_t i = h >> shift_;; i = (i + 1) & mask_) {
       const Slot& s = table_[i];
-      if (s.w[0] == w && s.len == len) return s.id;  // len <= 8: the slot's other words are 0
+      if (((s.w[0] ^ w0) | (s.w[1] ^ w1) | (s.w[2] ^ w2) | (s.len ^ len)) == 0) return s.id;
       if (s.id == kNone) return kNone;
     }
   }
