@@ -48,6 +48,11 @@ struct PieceTier {  // 2-way set associative; a miss replaces the way not used l
     for (size_t i = 0; i < 2 * kSets; ++i) slots[i].len = 0;
     std::memset(recent.get(), 0, kSets);
   }
+  void prefetch(uint64_t h) const {  // both ways of h's set
+    const Slot* set = &slots[2 * (h & (kSets - 1))];
+    __builtin_prefetch(set);
+    __builtin_prefetch(reinterpret_cast<const char*>(set + 2) - 1);
+  }
   // Appends the cached ids and returns true on a hit; else returns the slot to fill.
   bool get(const uint8_t* p, size_t n, uint64_t h, std::vector<uint32_t>& out, Slot*& slot) {
     size_t set = h & (kSets - 1);
@@ -167,16 +172,31 @@ class Core {
       const uint8_t* prev_p = nullptr;
       size_t prev_n = 0;
       uint64_t prev_h = 0, prev_w0 = 0, prev_w1 = 0, prev_w2 = 0;  // prev_h != 0: key24 (see below)
-      auto finish = [&]() {
+      // A piece of up to 22 bytes that misses the table (~6% of prose pieces) is looked up in the
+      // piece cache one piece later still: its set is prefetched first (a miss there cost ~6%).
+      const uint8_t* miss_p = nullptr;
+      size_t miss_n = 0;
+      uint64_t miss_h = 0;
+      auto finish = [&]() __attribute__((always_inline)) {
+        if (miss_n) {
+          cached_small(miss_p, miss_n, miss_h, end, out, pc);
+          miss_n = 0;
+        }
         uint32_t id = kNone;
         if (prev_h)
           id = V_.find24(prev_h, prev_w0, prev_w1, prev_w2, prev_n);
         else if (prev_n <= max_len)
           id = V_.find(prev_p, prev_n, end);
-        if (id != kNone)
+        if (id != kNone) {
           out.push_back(id);
-        else
+        } else if (prev_h && prev_n <= decltype(pc.small)::kMaxKey) {
+          miss_p = prev_p;
+          miss_n = prev_n;
+          miss_h = (prev_h << 14) | (prev_h >> 50);  // set = the top bits (the low bits are weak)
+          pc.small.prefetch(miss_h);
+        } else {
           encode_merged(prev_p, prev_n, end, out, pc);
+        }
       };
       for (size_t i = 0; i < m;) {
         size_t e = sc.next(i);
@@ -197,6 +217,7 @@ class Core {
         i = e;
       }
       if (prev_n) finish();
+      if (miss_n) cached_small(miss_p, miss_n, miss_h, end, out, pc);
     };
     if (cuts_)
       kimi_cuts(s, n, chunk);
@@ -244,25 +265,30 @@ class Core {
   // Pieces whose whole-token lookup missed: cache, then BPE.
   void encode_merged(const uint8_t* p, size_t n, const uint8_t* end, std::vector<uint32_t>& out,
                      PieceCache& pc) const {
+    if (n <= decltype(pc.small)::kMaxKey) return cached_small(p, n, hash_bytes(p, n), end, out, pc);
     if (n <= decltype(pc.large)::kMaxKey) {
       uint64_t h = hash_bytes(p, n);
       size_t base = out.size();
-      if (n <= decltype(pc.small)::kMaxKey) {
-        decltype(pc.small)::Slot* slot;
-        if (pc.small.get(p, n, h, out, slot)) return;
-        merge_small(V_, p, n, end, out);
-        pc.small.put(slot, p, n, h, out.data() + base, out.size() - base);
-      } else {
-        decltype(pc.large)::Slot* slot;
-        if (pc.large.get(p, n, h, out, slot)) return;
-        merge_small(V_, p, n, end, out);
-        pc.large.put(slot, p, n, h, out.data() + base, out.size() - base);
-      }
+      decltype(pc.large)::Slot* slot;
+      if (pc.large.get(p, n, h, out, slot)) return;
+      merge_small(V_, p, n, end, out);
+      pc.large.put(slot, p, n, h, out.data() + base, out.size() - base);
       return;
     }
     if (n < kSmallPiece) return merge_small(V_, p, n, end, out);
     if (linear().ok() && linear().encode(p, n, out)) return;
     merge_heap(V_, p, n, end, out);
+  }
+
+  // A piece of up to 22 bytes through the small cache tier; any well-mixed hash of its bytes will
+  // do (a piece hashed two ways may be cached twice, never wrongly: hits compare the bytes).
+  void cached_small(const uint8_t* p, size_t n, uint64_t h, const uint8_t* end, std::vector<uint32_t>& out,
+                    PieceCache& pc) const {
+    size_t base = out.size();
+    decltype(pc.small)::Slot* slot;
+    if (pc.small.get(p, n, h, out, slot)) return;
+    merge_small(V_, p, n, end, out);
+    pc.small.put(slot, p, n, h, out.data() + base, out.size() - base);
   }
 
   void encode_piece(const uint8_t* p, size_t n, const uint8_t* end, std::vector<uint32_t>& out,
