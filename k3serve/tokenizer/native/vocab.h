@@ -157,7 +157,6 @@ class Vocab {
     }
   }
 
-  // A lookup split in two so the caller can prefetch the slot while it scans the next piece.
   // The key is the first 24 bytes, zero-padded (the whole token for 99.9% of Kimi's).
   struct Key {
     uint64_t w[3];
@@ -198,10 +197,6 @@ class Vocab {
     k.hash = x * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing: the slot index is the top bits
     return k;
   }
-  void prefetch(const Key& k) const { __builtin_prefetch(&table_[k.hash >> shift_]); }
-
-  void prefetch_hash(uint64_t h) const { __builtin_prefetch(&table_[h >> shift_]); }
-
   // Pieces of 1..24 bytes with 24 readable bytes at p (nearly all of them): the same key and hash
   // as key(), but with no branch on the length, which is unpredictable from piece to piece.
   // (Plain words, not a Key: copying a Key through the stack stalls on store forwarding.)
