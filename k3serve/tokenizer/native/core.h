@@ -48,11 +48,6 @@ struct PieceTier {  // 2-way set associative; a miss replaces the way not used l
     for (size_t i = 0; i < 2 * kSets; ++i) slots[i].len = 0;
     std::memset(recent.get(), 0, kSets);
   }
-  void prefetch(uint64_t h) const {  // both ways of h's set
-    const Slot* set = &slots[2 * (h & (kSets - 1))];
-    __builtin_prefetch(set);
-    __builtin_prefetch(reinterpret_cast<const char*>(set + 2) - 1);
-  }
   // Appends the cached ids and returns true on a hit; else returns the slot to fill.
   bool get(const uint8_t* p, size_t n, uint64_t h, std::vector<uint32_t>& out, Slot*& slot) {
     size_t set = h & (kSets - 1);
@@ -169,20 +164,11 @@ class Core {
       const uint8_t* c = s + a;
       const size_t m = b - a;
       Scanner sc(c, m);
-      // A piece of up to 22 bytes that misses the table (~6% of prose pieces) is looked up in the
-      // piece cache one piece later: its set is prefetched first (a miss there cost ~6%).
-      const uint8_t* miss_p = nullptr;
-      size_t miss_n = 0;
-      uint64_t miss_h = 0;
       for (size_t i = 0; i < m;) {
         size_t e = sc.next(i);
         const uint8_t* p = c + i;
         size_t len = e - i;
         i = e;
-        if (miss_n) {
-          cached_small(miss_p, miss_n, miss_h, end, out, pc);
-          miss_n = 0;
-        }
         uint32_t id = kNone;
         uint64_t h = 0;
         if (len <= 24 && size_t(end - p) >= 24) {  // all but long pieces and the last few bytes
@@ -194,16 +180,12 @@ class Core {
         }
         if (id != kNone) {
           out.push_back(id);
-        } else if (h && len <= decltype(pc.small)::kMaxKey) {
-          miss_p = p;
-          miss_n = len;
-          miss_h = (h << 14) | (h >> 50);  // set = the top bits (the low bits are weak)
-          pc.small.prefetch(miss_h);
+        } else if (h && len <= decltype(pc.small)::kMaxKey) {  // ~6% of prose pieces
+          cached_small(p, len, (h << 14) | (h >> 50), end, out, pc);  // set: the hash's top bits
         } else {
           encode_merged(p, len, end, out, pc);
         }
       }
-      if (miss_n) cached_small(miss_p, miss_n, miss_h, end, out, pc);
     };
     if (cuts_)
       kimi_cuts(s, n, chunk);
