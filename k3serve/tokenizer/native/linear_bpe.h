@@ -24,11 +24,12 @@
 //    which knows their splits from the bytes and needs no split record; pairs with a three-byte
 //    token (most of the rest) through SmallPairs::valid, which reads their splits and their merges
 //    into three bytes from the bytes too (small_pairs.h; 100k piece ~0.93x time);
-//  * a back-up reuses the candidate list of the token before instead of walking again;
+//  * a back-up reuses the candidate list of the token before instead of walking again (not in
+//    encode_varied, where the list's upkeep cost more than the walks it saved);
 //  * a two- or three-byte candidate that no token could follow (`dead_end`, from the ranks of the
 //    candidates after it) is skipped before it is taken, as the back-up from there would have
 //    done: 4/5 of the back-ups on random letters (100k piece ~0.88x time). Only in a second copy of
-//    the loop, taken for varied ASCII, so that other pieces run the plain loop.
+//    the loop (encode_varied), taken for varied ASCII, so that other pieces run the plain loop.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -109,19 +110,88 @@ class LinearBpe {
     // The dead-end skip (dead_end) only in a separate copy of the loop, for pieces that look like
     // varied ASCII (random letters, identifiers): elsewhere it hardly ever fires (in runs of one
     // byte never), and even unused its code in the loop cost runs of Han ~5% and a x 100k ~4%.
-    if (skip_lens_ && varied_ascii(p, n)) return encode_loop<true>(p, n, out);
-    return encode_loop<false>(p, n, out);
+    if (skip_lens_ && varied_ascii(p, n))
+      return skip_lens_ == 2 ? encode_varied<true>(p, n, out) : encode_varied<false>(p, n, out);
+    return encode_loop(p, n, out);
   }
 
  private:
-  template <bool kSkip>
+  // encode_loop with the dead-end skip, in a simpler form: a back-up walks again and retries every
+  // candidate (the longer ones fail again: the token before them is the same, and reach only loses
+  // positions), with no list kept from the token before. Fewer values live across the loop, so
+  // fewer are spilled to the stack (a third of the instructions on random letters were spill
+  // traffic; with the rare pair checks out of line, 100k random a-z: 18.5M -> 15.3M instructions).
+  // kSmall3: small_.ok() (checks and splits of three-byte tokens from the bytes; skip_lens_ 2).
+  template <bool kSmall3>
+  bool encode_varied(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
+    const size_t base = out.size();
+    out.resize(base + n);  // at most one token per byte; trimmed at the end
+    uint32_t* const o = out.data() + base;
+    std::unique_ptr<uint8_t[]> reach_v(new uint8_t[n + 1]);  // as in encode_loop
+    uint8_t* const reach = reach_v.get();
+    std::memset(reach, 1, n + 1);
+    std::vector<Cand> cand_v(V_->max_token_len() + 1), next_v(V_->max_token_len() + 1);
+    Cand* cand = cand_v.data();  // the candidates at pos (nall of them)
+    Cand* next = next_v.data();  // the walk at `at` (nnext of them)
+    std::unique_ptr<Taken[]> taken_v(new Taken[n]);  // one array for both: a pointer fewer
+    Taken* const tk = taken_v.get();
+    const Tables T = tables();
+    constexpr uint32_t skip_lens = kSmall3 ? 2 : 1;
+    size_t k = 0, pos = 0, at = n, nnext = 0;
+    size_t nall = trie_.walk(p, n, cand);
+    for (;;) {
+      const uint32_t last = k ? o[k - 1] : kNone;
+      const Hint hint = k ? tk[k - 1].hint : Hint{kUnknown, kNone};
+      // the longest candidate usually fits: walk from its end now (see the header comment)
+      at = pos + cand[nall - 1].len;
+      nnext = at < n ? trie_.walk(p + at, n - at, next) : 0;
+      size_t nc = nall;
+      while (nc) {
+        const Cand c = cand[--nc];
+        const size_t e = pos + c.len;
+        // a dead end is no part of any encoding, whatever comes before it: skipped before the
+        // (costlier) pair check, and reach[e] can stay (a token that fits there is not c)
+        if (c.len - 2 < skip_lens && e < n && dead_end(T, c, p + pos, e, n, at, nnext, next)) continue;
+        if (reach[e] &&
+            (last == kNone || valid_next<true, kSmall3>(T, last, tk[k - 1].len, hint, c.tok, c.len, p + pos))) {
+          tk[k].len = c.len;
+          tk[k].hint = hint_after<kSmall3>(T, c.tok, c.len, p + pos, cand + nc + 1, cand + nall);
+          o[k++] = c.tok;
+          pos = e;
+          goto taken;
+        }
+      }
+      if (last == kNone) {
+        out.resize(base);
+        return false;
+      }
+      reach[pos] = 0;  // back up one token
+      --k;
+      pos -= tk[k].len;
+      nall = trie_.walk(p + pos, n - pos, cand);
+      continue;
+    taken:
+      if (pos == n) break;
+      if (pos == at) {
+        std::swap(cand, next);
+        nall = nnext;
+      } else {
+        nall = trie_.walk(p + pos, n - pos, cand);
+      }
+    }
+    out.resize(base + k);
+    return true;
+  }
+
   bool encode_loop(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
     const size_t base = out.size();
     out.resize(base + n);  // at most one token per byte; trimmed at the end
     uint32_t* const o = out.data() + base;
     size_t k = 0;  // tokens so far
-    std::vector<uint64_t> reach_v(n / 64 + 1, ~uint64_t(0));
-    uint64_t* const reach = reach_v.data();
+    // reach[e] == 0: no token can end at e (a byte per position: fewer instructions than a bit)
+    std::unique_ptr<uint8_t[]> reach_v(new uint8_t[n + 1]);
+    uint8_t* const reach = reach_v.get();
+    std::memset(reach, 1, n + 1);
     // candidates at pos, shortest first: the prefix tokens the trie walk passed
     std::vector<Cand> cand_v(V_->max_token_len() + 1);
     std::vector<Cand> next_v(V_->max_token_len() + 1);
@@ -135,7 +205,6 @@ class LinearBpe {
     std::unique_ptr<Hint[]> hints_v(new Hint[n]);  // what the walk at each token's start knew
     Hint* const hints = hints_v.get();
     const Tables T = tables();
-    const uint32_t skip_lens = skip_lens_;  // a local: the stores to o, lens, hints could alias it
     size_t nall = trie_.walk(p, n, cand);  // candidates at pos (those >= nc were tried already)
     size_t nc = nall;
     size_t pos = 0;
@@ -148,17 +217,10 @@ class LinearBpe {
       while (nc) {
         const Cand c = cand[--nc];
         const size_t e = pos + c.len;
-        if (((reach[e >> 6] >> (e & 63)) & 1) &&
-            (last == kNone || valid_next(T, last, lens[k - 1], hint, c.tok, c.len, p + pos))) {
-          // a dead end after c (see dead_end): skip c as the back-up from there would, untaken
-          if constexpr (kSkip) {
-            if (c.len - 2 < skip_lens && e < n && dead_end(T, c, p + pos, e, n, at, nnext, next)) {
-              reach[e >> 6] &= ~(uint64_t(1) << (e & 63));
-              continue;
-            }
-          }
+        if (reach[e] &&
+            (last == kNone || valid_next<false, false>(T, last, lens[k - 1], hint, c.tok, c.len, p + pos))) {
           lens[k] = c.len;
-          hints[k] = hint_after(T, c.tok, c.len, p + pos, cand + nc + 1, cand + nall);
+          hints[k] = hint_after<false>(T, c.tok, c.len, p + pos, cand + nc + 1, cand + nall);
           o[k++] = c.tok;
           pos = e;
           goto taken;
@@ -169,7 +231,7 @@ class LinearBpe {
         return false;
       }
       // back up one token; retry its position with the tokens shorter than it
-      reach[pos >> 6] &= ~(uint64_t(1) << (pos & 63));
+      reach[pos] = 0;
       --k;
       {
         const uint32_t len = lens[k];
@@ -209,6 +271,10 @@ class LinearBpe {
   static constexpr uint32_t kUnknown = kNone - 1;
   struct Hint {
     uint32_t partner, merged;
+  };
+  struct Taken {  // a token taken: its length, and its hint
+    uint32_t len;
+    Hint hint;
   };
   static constexpr size_t kIdBits = 21;
   static constexpr uint64_t kIdMask = (uint64_t(1) << kIdBits) - 1;
@@ -267,12 +333,14 @@ class LinearBpe {
   // The hint for token a taken at a position where [longer, end) are the longer candidates: the
   // ones whose split starts with a are all the merges of a with what follows it there.
   // a has la bytes at s; the splits of tokens of up to three bytes come from the bytes (SmallPairs).
+  // kSmall3: small_.ok() is known.
+  template <bool kSmall3>
   Hint hint_after(const Tables& T, uint32_t a, uint32_t la, const uint8_t* s, const Cand* longer,
                   const Cand* end) const {
     Hint h{kNone, kNone};
     for (; longer != end; ++longer) {
       Split sp;
-      if (longer->len <= 3 && small_.ok()) {
+      if (longer->len <= 3 && (kSmall3 || small_.ok())) {
         const uint32_t l = small_.left_len(s, longer->len);
         sp = Split{l == la ? a : kNone, small_.token_at(s + l, longer->len - l)};
       } else {
@@ -330,15 +398,23 @@ class LinearBpe {
   // Could BPE put token b (lb bytes, starting at `at`) right after token a (la bytes, hint h)?
   // Forced inline: with two copies of the loop GCC stopped inlining it into either, which cost
   // runs of Han (that never see the skip) ~5%.
+  // kShort, kSmall3: small_.short_ok(), small_.ok() are known.
+  template <bool kShort, bool kSmall3>
   __attribute__((always_inline)) bool valid_next(const Tables& T, uint32_t a, uint32_t la, const Hint& h,
                                                  uint32_t b, uint32_t lb, const uint8_t* at) const {
-    if (small_.short_ok() && h.partner != kUnknown) {
+    if ((kShort || small_.short_ok()) && h.partner != kUnknown) {
       if (((la - 1) | (lb - 1)) < 2)  // both of one or two bytes
         return small_.valid_short(a, la, b, lb, at, h.partner, h.merged, T.pair2);
-      if (la <= 3 && lb <= 3 && small_.ok())
+      if (la <= 3 && lb <= 3 && (kSmall3 || small_.ok()))
         return small_.valid(a, la, b, lb, at, h.partner, h.merged, T.pair2,
                             [&](uint32_t x, uint32_t y) { return pair_lookup_hashed(T, x, y); });
     }
+    if constexpr (kShort) return valid_pair_cold(T, a, b, h);
+    return valid_pair(T, a, b, h);
+  }
+  // valid_pair out of line, for the loop where it is rare (varied ASCII: long tokens, unknown
+  // hints): inlined, its values took registers the common path needed, and were spilled.
+  __attribute__((noinline)) static bool valid_pair_cold(const Tables& T, uint32_t a, uint32_t b, const Hint& h) {
     return valid_pair(T, a, b, h);
   }
 
