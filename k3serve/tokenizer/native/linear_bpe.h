@@ -151,7 +151,7 @@ class LinearBpe {
         const size_t e = pos + c.len;
         // a dead end is no part of any encoding, whatever comes before it: skipped before the
         // (costlier) pair check, and reach[e] can stay (a token that fits there is not c)
-        if (c.len - 2 < skip_lens && e < n && dead_end(T, c, p + pos, e, n, at, nnext, next)) continue;
+        if (c.len - 2 < skip_lens && e < n && dead_end_at(T, c, p + pos, e, n, at, nnext, next)) continue;
         if (reach[e] &&
             (last == kNone || valid_next<true, kSmall3>(T, last, tk[k - 1].len, hint, c.tok, c.len, p + pos))) {
           tk[k].len = c.len;
@@ -393,6 +393,23 @@ class LinearBpe {
     for (size_t j = 1; j < nnext; ++j)
       if (next[j].tok < yz) return false;
     return true;
+  }
+
+  // dead_end with fewer branches where the walk at e is at hand (the longest candidate): each of
+  // dead_end's went either way at random on random letters.
+  bool dead_end_at(const Tables& T, Cand c, const uint8_t* s, size_t e, size_t n, size_t& at, size_t& nnext,
+                   Cand* next) const {
+    if (at != e) return dead_end(T, c, s, e, n, at, nnext, next);
+    const uint8_t* z = s + c.len;
+    const uint32_t yz = T.pair2[(trie_.byte_tok(z[-1]) << 8) | trie_.byte_tok(z[0])];
+    // the least rank of the candidates of two or more bytes at e (the first two by selects: the
+    // count varies at random)
+    const uint32_t m1 = nnext > 1 ? next[1].tok : kNone, m2 = nnext > 2 ? next[2].tok : kNone;
+    uint32_t m = std::min(m1, m2);
+    for (size_t j = 3; j < nnext; ++j) m = std::min(m, next[j].tok);
+    const bool dead = (yz < c.tok) & !(m < yz);
+    if (c.len == 3 && dead) return yz < last_byte_merge(c.tok, c.len, s);
+    return dead;
   }
 
   // Could BPE put token b (lb bytes, starting at `at`) right after token a (la bytes, hint h)?
