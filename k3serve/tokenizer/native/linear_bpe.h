@@ -139,9 +139,12 @@ class LinearBpe {
     constexpr uint32_t skip_lens = kSmall3 ? 2 : 1;
     size_t k = 0, pos = 0, at = n, nnext = 0;
     size_t nall = trie_.walk(p, n, cand);
+    // the last token, its length and hint, carried in locals: read back from o and tk, the hint
+    // (stored as two halves) missed store forwarding on every token
+    uint32_t last = kNone, la = 0;
+    uint32_t partner = kUnknown, merged = kNone;  // its hint, as scalars (see above)
     for (;;) {
-      const uint32_t last = k ? o[k - 1] : kNone;
-      const Hint hint = k ? tk[k - 1].hint : Hint{kUnknown, kNone};
+      const Hint hint{partner, merged};
       // the longest candidate usually fits: walk from its end now (see the header comment)
       at = pos + cand[nall - 1].len;
       nnext = at < n ? trie_.walk(p + at, n - at, next) : 0;
@@ -152,11 +155,16 @@ class LinearBpe {
         // a dead end is no part of any encoding, whatever comes before it: skipped before the
         // (costlier) pair check, and reach[e] can stay (a token that fits there is not c)
         if (c.len - 2 < skip_lens && e < n && dead_end_at(T, c, p + pos, e, n, at, nnext, next)) continue;
-        if (reach[e] &&
-            (last == kNone || valid_next<true, kSmall3>(T, last, tk[k - 1].len, hint, c.tok, c.len, p + pos))) {
-          tk[k].len = c.len;
-          tk[k].hint = hint_after<kSmall3>(T, c.tok, c.len, p + pos, cand + nc + 1, cand + nall);
-          o[k++] = c.tok;
+        if (reach[e] && (last == kNone || valid_next<true, kSmall3>(T, last, la, hint, c.tok, c.len, p + pos))) {
+          const Hint h = hint_after<kSmall3>(T, c.tok, c.len, p + pos, cand + nc + 1, cand + nall);
+          partner = h.partner;
+          merged = h.merged;
+          last = c.tok;
+          la = c.len;
+          tk[k].len = la;
+          tk[k].hint.partner = partner;
+          tk[k].hint.merged = merged;
+          o[k++] = last;
           pos = e;
           goto taken;
         }
@@ -168,6 +176,10 @@ class LinearBpe {
       reach[pos] = 0;  // back up one token
       --k;
       pos -= tk[k].len;
+      last = k ? o[k - 1] : kNone;
+      la = k ? tk[k - 1].len : 0;
+      partner = k ? tk[k - 1].hint.partner : kUnknown;
+      merged = k ? tk[k - 1].hint.merged : kNone;
       nall = trie_.walk(p + pos, n - pos, cand);
       continue;
     taken:
