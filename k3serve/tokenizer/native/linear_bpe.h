@@ -420,7 +420,7 @@ class LinearBpe {
     uint32_t m = std::min(m1, m2);
     for (size_t j = 3; j < nnext; ++j) m = std::min(m, next[j].tok);
     const bool dead = (yz < c.tok) & !(m < yz);
-    if (c.len == 3 && dead) return yz < last_byte_merge(c.tok, c.len, s);
+    if (c.len == 3) return dead & (yz < last_byte_merge(c.tok, c.len, s));
     return dead;
   }
 
