@@ -116,11 +116,10 @@ class LinearBpe {
   }
 
  private:
-  // encode_loop with the dead-end skip, in a simpler form: a back-up walks again and retries every
-  // candidate (the longer ones fail again: the token before them is the same, and reach only loses
-  // positions), with no list kept from the token before. Fewer values live across the loop, so
-  // fewer are spilled to the stack (a third of the instructions on random letters were spill
-  // traffic; with the rare pair checks out of line, 100k random a-z: 18.5M -> 15.3M instructions).
+  // encode_loop with the dead-end skip, in a simpler form: a back-up walks again (no list is kept
+  // from the token before). Fewer values live across the loop, so fewer are spilled to the stack
+  // (a third of the instructions on random letters were spill traffic; with the rare pair checks
+  // out of line, 100k random a-z: 18.5M -> 15.3M instructions).
   // kSmall3: small_.ok() (checks and splits of three-byte tokens from the bytes; skip_lens_ 2).
   template <bool kSmall3>
   bool encode_varied(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
@@ -138,7 +137,7 @@ class LinearBpe {
     const Tables T = tables();
     constexpr uint32_t skip_lens = kSmall3 ? 2 : 1;
     size_t k = 0, pos = 0, at = n, nnext = 0;
-    size_t nall = trie_.walk(p, n, cand);
+    size_t nall = trie_.walk(p, n, cand), nc = nall;  // cand[0, nc) are still to try
     // the last token, its length and hint, carried in locals: read back from o and tk, the hint
     // (stored as two halves) missed store forwarding on every token
     uint32_t last = kNone, la = 0;
@@ -146,9 +145,8 @@ class LinearBpe {
     for (;;) {
       const Hint hint{partner, merged};
       // the longest candidate usually fits: walk from its end now (see the header comment)
-      at = pos + cand[nall - 1].len;
+      at = nc ? pos + cand[nc - 1].len : n;
       nnext = at < n ? trie_.walk(p + at, n - at, next) : 0;
-      size_t nc = nall;
       while (nc) {
         const Cand c = cand[--nc];
         const size_t e = pos + c.len;
@@ -173,22 +171,23 @@ class LinearBpe {
         out.resize(base);
         return false;
       }
-      reach[pos] = 0;  // back up one token
+      reach[pos] = 0;  // back up one token; retry its position with the tokens shorter than it
       --k;
       pos -= tk[k].len;
       last = k ? o[k - 1] : kNone;
       la = k ? tk[k - 1].len : 0;
       partner = k ? tk[k - 1].hint.partner : kUnknown;
       merged = k ? tk[k - 1].hint.merged : kNone;
-      nall = trie_.walk(p + pos, n - pos, cand);
+      nc = nall = trie_.walk(p + pos, n - pos, cand);
+      while (nc && cand[nc - 1].len >= tk[k].len) --nc;
       continue;
     taken:
       if (pos == n) break;
       if (pos == at) {
         std::swap(cand, next);
-        nall = nnext;
+        nc = nall = nnext;
       } else {
-        nall = trie_.walk(p + pos, n - pos, cand);
+        nc = nall = trie_.walk(p + pos, n - pos, cand);
       }
     }
     out.resize(base + k);
