@@ -437,13 +437,15 @@ class LinearBpe {
         return small_.valid(a, la, b, lb, at, h.partner, h.merged, T.pair2,
                             [&](uint32_t x, uint32_t y) { return pair_lookup_hashed(T, x, y); });
     }
-    if constexpr (kShort) return valid_pair_cold(T, a, b, h);
+    if constexpr (kShort) return valid_pair_cold(T, a, b, h.partner, h.merged);
     return valid_pair(T, a, b, h);
   }
   // valid_pair out of line, for the loop where it is rare (varied ASCII: long tokens, unknown
   // hints): inlined, its values took registers the common path needed, and were spilled.
-  __attribute__((noinline)) static bool valid_pair_cold(const Tables& T, uint32_t a, uint32_t b, const Hint& h) {
-    return valid_pair(T, a, b, h);
+  // (The hint by value: by reference it had to be kept in memory for the call.)
+  __attribute__((noinline)) static bool valid_pair_cold(const Tables& T, uint32_t a, uint32_t b, uint32_t partner,
+                                                        uint32_t merged) {
+    return valid_pair(T, a, b, Hint{partner, merged});
   }
 
   // valid_pair with the merges of a known from its hint: while a itself is on the left of the
