@@ -110,8 +110,9 @@ class LinearBpe {
     // The dead-end skip (dead_end) only in a separate copy of the loop, for pieces that look like
     // varied ASCII (random letters, identifiers): elsewhere it hardly ever fires (in runs of one
     // byte never), and even unused its code in the loop cost runs of Han ~5% and a x 100k ~4%.
-    if (skip_lens_ && varied_ascii(p, n))
-      return skip_lens_ == 2 ? encode_varied<true>(p, n, out) : encode_varied<false>(p, n, out);
+    // (with skip_lens_ 1, three-byte tokens whose splits SmallPairs cannot read from the bytes, the
+    // plain loop: such vocabularies hardly pass build's check, and so that path stays untested)
+    if (skip_lens_ == 2 && varied_ascii(p, n)) return encode_varied(p, n, out);
     return encode_loop(p, n, out);
   }
 
@@ -120,8 +121,7 @@ class LinearBpe {
   // from the token before). Fewer values live across the loop, so fewer are spilled to the stack
   // (a third of the instructions on random letters were spill traffic; with the rare pair checks
   // out of line, 100k random a-z: 18.5M -> 15.3M instructions).
-  // kSmall3: small_.ok() (checks and splits of three-byte tokens from the bytes; skip_lens_ 2).
-  template <bool kSmall3>
+  // Needs small_.ok() (skip_lens_ 2): checks and splits of three-byte tokens from the bytes.
   bool encode_varied(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
     const size_t base = out.size();
     out.resize(base + n);  // at most one token per byte; trimmed at the end
@@ -135,7 +135,7 @@ class LinearBpe {
     std::unique_ptr<Taken[]> taken_v(new Taken[n]);  // one array for both: a pointer fewer
     Taken* const tk = taken_v.get();
     const Tables T = tables();
-    constexpr uint32_t skip_lens = kSmall3 ? 2 : 1;
+    constexpr uint32_t skip_lens = 2;
     size_t k = 0, pos = 0, at = n, nnext = 0;
     size_t nall = trie_.walk(p, n, cand), nc = nall;  // cand[0, nc) are still to try
     // the last token, its length and hint, carried in locals: read back from o and tk, the hint
@@ -153,8 +153,8 @@ class LinearBpe {
         // a dead end is no part of any encoding, whatever comes before it: skipped before the
         // (costlier) pair check, and reach[e] can stay (a token that fits there is not c)
         if (c.len - 2 < skip_lens && e < n && dead_end_at(T, c, p + pos, e, n, at, nnext, next)) continue;
-        if (reach[e] && (last == kNone || valid_next<true, kSmall3>(T, last, la, hint, c.tok, c.len, p + pos))) {
-          const Hint h = hint_after<kSmall3>(T, c.tok, c.len, p + pos, cand + nc + 1, cand + nall);
+        if (reach[e] && (last == kNone || valid_next<true, true>(T, last, la, hint, c.tok, c.len, p + pos))) {
+          const Hint h = hint_after<true>(T, c.tok, c.len, p + pos, cand + nc + 1, cand + nall);
           partner = h.partner;
           merged = h.merged;
           last = c.tok;
