@@ -126,7 +126,9 @@ class LinearBpe {
     const size_t base = out.size();
     out.resize(base + n);  // at most one token per byte; trimmed at the end
     uint32_t* const o = out.data() + base;
-    std::unique_ptr<uint8_t[]> reach_v(new uint8_t[n + 1]);  // as in encode_loop
+    // reach[e] == 0: no token can end at e (a byte per position: fewer instructions than
+    // encode_loop's bits; there the memset cost runs of one byte more than it saved)
+    std::unique_ptr<uint8_t[]> reach_v(new uint8_t[n + 1]);
     uint8_t* const reach = reach_v.get();
     std::memset(reach, 1, n + 1);
     std::vector<Cand> cand_v(V_->max_token_len() + 1), next_v(V_->max_token_len() + 1);
@@ -199,10 +201,8 @@ class LinearBpe {
     out.resize(base + n);  // at most one token per byte; trimmed at the end
     uint32_t* const o = out.data() + base;
     size_t k = 0;  // tokens so far
-    // reach[e] == 0: no token can end at e (a byte per position: fewer instructions than a bit)
-    std::unique_ptr<uint8_t[]> reach_v(new uint8_t[n + 1]);
-    uint8_t* const reach = reach_v.get();
-    std::memset(reach, 1, n + 1);
+    std::vector<uint64_t> reach_v(n / 64 + 1, ~uint64_t(0));  // bit e clear: no token can end at e
+    uint64_t* const reach = reach_v.data();
     // candidates at pos, shortest first: the prefix tokens the trie walk passed
     std::vector<Cand> cand_v(V_->max_token_len() + 1);
     std::vector<Cand> next_v(V_->max_token_len() + 1);
@@ -228,7 +228,7 @@ class LinearBpe {
       while (nc) {
         const Cand c = cand[--nc];
         const size_t e = pos + c.len;
-        if (reach[e] &&
+        if (((reach[e >> 6] >> (e & 63)) & 1) &&
             (last == kNone || valid_next<false, false>(T, last, lens[k - 1], hint, c.tok, c.len, p + pos))) {
           lens[k] = c.len;
           hints[k] = hint_after<false>(T, c.tok, c.len, p + pos, cand + nc + 1, cand + nall);
@@ -242,7 +242,7 @@ class LinearBpe {
         return false;
       }
       // back up one token; retry its position with the tokens shorter than it
-      reach[pos] = 0;
+      reach[pos >> 6] &= ~(uint64_t(1) << (pos & 63));
       --k;
       {
         const uint32_t len = lens[k];
