@@ -70,6 +70,7 @@ class TrainConfig:
     copy_after: float = 0.0  # ... and from then on
     lookup_frac: float = 0.0  # fraction of those warm-up samples that are key -> value lookups
     recall_frac: float = 0.0  # ... and that are recall lists (as long as the curriculum has them then)
+    history_frac: float = 0.0  # samples with 1-3 earlier exchanges in front (data.with_history)
     embed_std: float = 1.0  # initial embedding rows (tied with lm_head)
 
     def __post_init__(self) -> None:
@@ -82,6 +83,8 @@ class TrainConfig:
             raise ValueError("qat_from must be in [0, 1]")
         if not 0.0 <= self.progress_from <= 1.0:
             raise ValueError("progress_from must be in [0, 1]")
+        if not 0.0 <= self.history_frac <= 1.0:
+            raise ValueError("history_frac must be in [0, 1]")
         if self.init_from and not Path(self.init_from).is_file():
             raise ValueError(f"init_from: no snapshot at {self.init_from}")
         if self.device != "cpu" and not self.device.startswith("cuda"):
@@ -220,7 +223,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     draw = data.batches if cfg.device == "cpu" else data.prefetched
     stream = draw(tokenizer, vocab, seed=cfg.seed + 2 + 1000 * rank, steps=cfg.steps,
                   tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=cfg.copy_warmup,
-                  progress_from=cfg.progress_from)
+                  progress_from=cfg.progress_from, history=cfg.history_frac)
     probe = next(data.batches(tokenizer, vocab, seed=cfg.seed + 3, steps=1, tokens_per_step=cfg.tokens_per_step))
     for step, batch in enumerate(stream):
         if step == qat_step:
@@ -285,6 +288,7 @@ HELP = {
     "copy_after": "share of warm-up samples after --copy-until",
     "lookup_frac": "fraction of the warm-up samples that are key -> value lookups",
     "recall_frac": "fraction of the warm-up samples that are recall lists",
+    "history_frac": "fraction of the samples (not recall lists) with 1-3 earlier short exchanges in front",
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
 }
 
