@@ -135,3 +135,29 @@ def test_json_tasks_use_strict_closed_schemas():
         jsonschema.validate(s.expected["json"], js["schema"])
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({**s.expected["json"], "extra": 1}, js["schema"])
+
+
+def test_history_puts_earlier_exchanges_in_front_and_keeps_the_answer(tok):
+    from k3serve.train import data
+
+    base = data.draw(random.Random(11), tok, 1.0)
+    assert data.draw(random.Random(11), tok, 1.0, history=0.0) == base  # off: the same draws as before
+    rng = random.Random(5)
+    seen = 0
+    for _ in range(40):
+        e = data.draw(rng, tok, 1.0, history=1.0)
+        text = tok.decode(e.ids[:e.n_prompt])
+        if e.kind == "recall":
+            continue
+        seen += 1
+        assert 2 <= text.count('<|open|>message role="user"') <= 4  # 1-3 earlier exchanges + the task's own
+        assert text.count('<|open|>message role="assistant"') >= 1
+    assert seen >= 20
+    s = tasks.make("tool", random.Random(2), thinking=True)
+    h = data.with_history(random.Random(3), s, 2)
+    assert h.target == s.target and h.messages[-1] == s.messages[-1] and len(h.messages) == 5
+    ids, n = encode_sample(h, tok)
+    own, n_own = encode_sample(s, tok)
+    assert ids[n:] == own[n_own:]  # the loss-bearing answer is the task's own, unchanged
+    content, calls = parse_output(h, tok.decode(ids[n:]))
+    assert tasks.score(h, content, calls)
