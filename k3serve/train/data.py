@@ -19,7 +19,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from k3serve.train import pools, tasks
 from k3serve.train.render import encode_sample
@@ -101,7 +101,7 @@ def with_history(rng: random.Random, s: tasks.Sample, turns: int) -> tasks.Sampl
     for _ in range(turns):
         h = tasks.make(rng.choice(HISTORY_KINDS), rng, held_out=False, thinking=False)
         prev += [*h.messages, {"role": "assistant", "content": h.target["content"]}]
-    return tasks.replace(s, messages=prev + s.messages)
+    return replace(s, messages=prev + s.messages)
 
 
 def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = CopyWarmup(),
