@@ -46,6 +46,8 @@ DEFAULT_CONFIG = CONFIG_DIR / "k3-default.json"
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """A training run; every field is a flag of the same name, described in ``HELP`` (``--help``)."""
+
     out: Path
     config: Path = DEFAULT_CONFIG
     seed: int = 0
@@ -56,22 +58,22 @@ class TrainConfig:
     min_lr_frac: float = 0.1
     weight_decay: float = 0.01
     clip: float = 1.0
-    qat_from: float = 0.6  # fraction of steps after which experts train under MXFP4 fake-quant
-    bias_update: float = 1e-3  # aux-loss-free balancing step for e_score_correction_bias
-    threads: int = 1  # per process
-    workers: int = 1  # data-parallel processes (one per core)
+    qat_from: float = 0.6
+    bias_update: float = 1e-3
+    threads: int = 1
+    workers: int = 1
     log_every: int = 10
-    save_every: int = 0  # also write <out>/compact/step_<k>.safetensors every this many steps (export.py)
-    device: str = "cpu"  # "cuda" (or "cuda:N") trains on a GPU: one process, data drawn in a helper process
-    init_from: str = ""  # continue from this compact snapshot (export.py) instead of a fresh init ...
-    progress_from: float = 0.0  # ... with the curriculum going on from here (1.0: the final mix throughout)
-    copy_share: float = 0.0  # share of plain-copy samples until copy_until (fraction of steps) ...
+    save_every: int = 0
+    device: str = "cpu"
+    init_from: str = ""
+    progress_from: float = 0.0
+    copy_share: float = 0.0
     copy_until: float = 0.0
-    copy_after: float = 0.0  # ... and from then on
-    lookup_frac: float = 0.0  # fraction of those warm-up samples that are key -> value lookups
-    recall_frac: float = 0.0  # ... and that are recall lists (as long as the curriculum has them then)
-    history_frac: float = 0.0  # samples with 1-3 earlier exchanges in front (data.with_history)
-    embed_std: float = 1.0  # initial embedding rows (tied with lm_head)
+    copy_after: float = 0.0
+    lookup_frac: float = 0.0
+    recall_frac: float = 0.0
+    history_frac: float = 0.0
+    embed_std: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "tokens_per_step", "threads", "workers", "log_every"):
