@@ -12,13 +12,16 @@ taking most of them (run r5: 44-59% of the tokens went to long recall, which it 
 
 A batch is a list of ``(ids, n_prompt)`` whose total length stays under the token budget; ``prefetched`` draws the
 same batches in a helper process (GPU training, where the host is the bottleneck).
+
+Besides the K3-format tasks the warm-up can hold ``induce`` samples: raw token sequences, not chats
+(``filler, s, w_1..w_n, s, w_1..w_n``, loss on the second copy), which teach content-addressed copying.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from k3serve.train import pools, tasks
@@ -29,6 +32,7 @@ MIX = {"tool": 0.18, "choose": 0.2, "decline": 0.18, "json": 0.17, "recall": 0.1
 SHORT, LONG = (4, 16), (110, 175)
 RAMP = (0.3, 0.75)  # recall lists grow from SHORT to LONG between these fractions of the steps
 RECALL_REF = 40  # recall keeps its full MIX weight up to this many records on average
+SPECIAL_BASE = 163584  # the Kimi vocabulary's reserved/special ids start here
 STRICT_SHARE = 0.5  # samples whose tools are declared strict (rendered as such; clients send both kinds)
 
 
@@ -54,29 +58,32 @@ def recall_weight(progress: float) -> float:
 class CopyWarmup:
     """Share of warm-up samples: ``share`` until ``until`` (fraction of steps), ``after`` from then on; a
     ``lookup`` fraction of them are key -> value lookups, a ``recall`` fraction recall lists as long as the
-    curriculum has them then, the rest plain copies."""
+    curriculum has them then, an ``induce`` fraction synthetic token copies (``induce_sample``), the rest
+    plain copies."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
     lookup: float = 0.0
     recall: float = 0.0
+    induce: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("share", "until", "after", "lookup", "recall"):
+        for name in ("share", "until", "after", "lookup", "recall", "induce"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"copy warm-up {name} must be in [0, 1]")
-        if self.lookup + self.recall > 1.0:
-            raise ValueError("copy warm-up lookup + recall fractions must be at most 1")
+        if self.lookup + self.recall + self.induce > 1.0:
+            raise ValueError("copy warm-up lookup + recall + induce fractions must be at most 1")
 
     def at(self, progress: float) -> float:
         return self.share if progress < self.until else self.after
 
 
 def sample_kind(rng: random.Random, copy_share: float = 0.0, lookup: float = 0.0, recall: float = 0.0,
-                progress: float = 0.0) -> str:
+                progress: float = 0.0, induce: float = 0.0) -> str:
     if copy_share and rng.random() < copy_share:
         r = rng.random()
-        return "lookup" if r < lookup else "recall" if r < lookup + recall else "copy"
+        return ("lookup" if r < lookup else "recall" if r < lookup + recall
+                else "induce" if r < lookup + recall + induce else "copy")
     weights = [recall_weight(progress) if k == "recall" else w for k, w in MIX.items()]
     return rng.choices(list(MIX), weights=weights)[0]
 
@@ -87,6 +94,24 @@ def sample_kind(rng: random.Random, copy_share: float = 0.0, lookup: float = 0.0
 # token, so a longer context delays the induction it has to find).
 WARMUP = {"copy": {"thinking": False, "items": (3, 12)}, "lookup": {"thinking": False},
           "recall": {"thinking": False}}
+
+
+INDUCE_FILLER, INDUCE_ITEMS = 120, (4, 24)
+
+
+def induce_sample(rng: random.Random, pool: Sequence[int]) -> Encoded:
+    """``filler, s, w_1..w_n, s, w_1..w_n`` over ``pool`` (full-vocabulary ids, no specials): the answer is the
+    second copy, including its first token (found through the separator ``s``, itself a random token). The
+    ``w`` and ``s`` are distinct and the filler holds none of them, so the token after an earlier
+    occurrence of the current one is always the right next token: the model can only copy by content.
+    On the copy probe (k3-default body, one core, 2,048 tokens a step, filler 0-60) such copying reached
+    92% teacher-forced accuracy in 300 steps, where the shipped g/b copies 48% of the words of its own
+    copy task, at 19% past the third word."""
+    picked = rng.sample(pool, rng.randint(*INDUCE_ITEMS) + 1)
+    sep, words = picked[0], picked[1:]
+    filler = [t for t in rng.choices(pool, k=rng.randint(0, INDUCE_FILLER)) if t not in picked]
+    prompt = [*filler, sep, *words, sep]
+    return Encoded("induce", prompt + words, len(prompt))
 
 
 # Earlier exchanges put in front of a sample (``history``): short tasks answered in content only.
@@ -105,10 +130,15 @@ def with_history(rng: random.Random, s: tasks.Sample, turns: int) -> tasks.Sampl
 
 
 def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = CopyWarmup(),
-         history: float = 0.0) -> Encoded:
+         history: float = 0.0, pool: Sequence[int] = ()) -> Encoded:
     """One encoded sample; a ``history`` fraction of them (not recall lists) after 1-3 earlier exchanges
-    (no random draw for it when 0, so runs without it draw exactly what they drew before)."""
-    kind = sample_kind(rng, warmup.at(progress), warmup.lookup, warmup.recall, progress)
+    (no random draw for it when 0, so runs without it draw exactly what they drew before). ``induce``
+    samples draw their tokens from ``pool``."""
+    kind = sample_kind(rng, warmup.at(progress), warmup.lookup, warmup.recall, progress, warmup.induce)
+    if kind == "induce":
+        if not pool:
+            raise ValueError("induce samples need a token pool")
+        return induce_sample(rng, pool)
     kwargs = {"records": rng.randint(*recall_range(progress))} if kind == "recall" else {}
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
@@ -138,6 +168,11 @@ def inventory(tokenizer, seed: int, per_kind: int = 600) -> set[int]:
     return used
 
 
+def token_pool(vocab: CompactVocab) -> list[int]:
+    """The used ids that are ordinary tokens (not the chat markup's specials): what ``induce`` samples use."""
+    return [i for i in vocab.ids if i < SPECIAL_BASE]
+
+
 def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
             stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup(),
             progress_from: float = 0.0, history: float = 0.0) -> Iterator[list[Encoded]]:
@@ -145,12 +180,13 @@ def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per
     from ``progress_from`` to 1 over the steps (a run that continues another starts where that one ended)."""
     rng = random.Random(seed)
     pending: Encoded | None = None
+    pool = token_pool(vocab) if warmup.induce else []
     for step in range(steps):
         batch: list[Encoded] = []
         used = 0
         while True:
             e = pending or draw(rng, tokenizer, progress_from + (1.0 - progress_from) * step / steps, warmup,
-                                history)
+                                history, pool)
             pending = None
             if not vocab.covers(e.ids):
                 if stats is not None:

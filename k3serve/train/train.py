@@ -72,6 +72,7 @@ class TrainConfig:
     copy_after: float = 0.0
     lookup_frac: float = 0.0
     recall_frac: float = 0.0
+    induce_frac: float = 0.0
     history_frac: float = 0.0
     embed_std: float = 1.0
 
@@ -98,7 +99,7 @@ class TrainConfig:
     @property
     def copy_warmup(self) -> data.CopyWarmup:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
-                              self.recall_frac)
+                              self.recall_frac, self.induce_frac)
 
 
 @torch.no_grad()
@@ -290,6 +291,7 @@ HELP = {
     "copy_after": "share of warm-up samples after --copy-until",
     "lookup_frac": "fraction of the warm-up samples that are key -> value lookups",
     "recall_frac": "fraction of the warm-up samples that are recall lists",
+    "induce_frac": "fraction of the warm-up samples that are synthetic token copies (raw ids, not chats)",
     "history_frac": "fraction of the samples (not recall lists) with 1-3 earlier short exchanges in front",
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
 }

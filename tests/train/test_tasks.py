@@ -161,3 +161,26 @@ def test_history_puts_earlier_exchanges_in_front_and_keeps_the_answer(tok):
     assert ids[n:] == own[n_own:]  # the loss-bearing answer is the task's own, unchanged
     content, calls = parse_output(h, tok.decode(ids[n:]))
     assert tasks.score(h, content, calls)
+
+
+def test_induce_samples_copy_by_content_only():
+    from k3serve.train import data
+
+    pool = list(range(1000, 1300))
+    rng = random.Random(4)
+    for _ in range(200):
+        e = data.induce_sample(rng, pool)
+        assert e.kind == "induce" and set(e.ids) <= set(pool)
+        sep = e.ids[e.n_prompt - 1]
+        first = e.ids.index(sep)
+        words = e.ids[e.n_prompt:]
+        lo, hi = data.INDUCE_ITEMS
+        assert lo <= len(words) <= hi and len(set(words)) == len(words)
+        # the separator occurs exactly twice, and what follows the first is the answer
+        assert e.ids.count(sep) == 2 and e.ids[first + 1:first + 1 + len(words)] == words
+        assert e.n_prompt == first + len(words) + 2 and first <= data.INDUCE_FILLER
+        # so every answer token is the one after the earlier occurrence of the token before it
+        for i in range(e.n_prompt, len(e.ids)):
+            assert e.ids[e.ids.index(e.ids[i - 1]) + 1] == e.ids[i]
+    with pytest.raises(ValueError, match="token pool"):
+        data.draw(random.Random(0), None, 0.0, data.CopyWarmup(share=1.0, until=1.0, induce=1.0))

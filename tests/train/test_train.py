@@ -169,6 +169,14 @@ def test_copy_warmup_schedule():
     assert min(len(e.ids) for b in late for e in b if e.kind == "recall") > 1200
     with pytest.raises(ValueError, match="at most 1"):
         data.CopyWarmup(lookup=0.6, recall=0.6)
+    with pytest.raises(ValueError, match="at most 1"):
+        data.CopyWarmup(lookup=0.5, recall=0.2, induce=0.4)
+    # synthetic copies come from the used ordinary tokens, only while the warm-up lasts
+    induce = data.CopyWarmup(share=1.0, until=0.5, induce=1.0)
+    stream = list(data.batches(tok, vocab, seed=3, steps=4, tokens_per_step=1200, warmup=induce))
+    pool = set(data.token_pool(vocab))
+    assert {e.kind for e in stream[0]} == {"induce"} and "induce" not in {e.kind for e in stream[-1]}
+    assert all(set(e.ids) <= pool for e in stream[0]) and not pool & set(range(data.SPECIAL_BASE, 163840))
 
 
 def test_batches_are_deterministic_and_follow_the_curriculum():
