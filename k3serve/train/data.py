@@ -59,16 +59,17 @@ class CopyWarmup:
     """Share of warm-up samples: ``share`` until ``until`` (fraction of steps), ``after`` from then on; a
     ``lookup`` fraction of them are key -> value lookups, a ``recall`` fraction recall lists as long as the
     curriculum has them then, an ``induce`` fraction synthetic token copies (``induce_sample``), the rest
-    plain copies."""
+    plain copies. Before ``induce_until`` every sample is a synthetic copy."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
     lookup: float = 0.0
     recall: float = 0.0
     induce: float = 0.0
+    induce_until: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("share", "until", "after", "lookup", "recall", "induce"):
+        for name in ("share", "until", "after", "lookup", "recall", "induce", "induce_until"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"copy warm-up {name} must be in [0, 1]")
         if self.lookup + self.recall + self.induce > 1.0:
@@ -134,7 +135,10 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
     """One encoded sample; a ``history`` fraction of them (not recall lists) after 1-3 earlier exchanges
     (no random draw for it when 0, so runs without it draw exactly what they drew before). ``induce``
     samples draw their tokens from ``pool``."""
-    kind = sample_kind(rng, warmup.at(progress), warmup.lookup, warmup.recall, progress, warmup.induce)
+    if progress < warmup.induce_until:
+        kind = "induce"
+    else:
+        kind = sample_kind(rng, warmup.at(progress), warmup.lookup, warmup.recall, progress, warmup.induce)
     if kind == "induce":
         if not pool:
             raise ValueError("induce samples need a token pool")
@@ -180,7 +184,7 @@ def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per
     from ``progress_from`` to 1 over the steps (a run that continues another starts where that one ended)."""
     rng = random.Random(seed)
     pending: Encoded | None = None
-    pool = token_pool(vocab) if warmup.induce else []
+    pool = token_pool(vocab) if warmup.induce or warmup.induce_until else []
     for step in range(steps):
         batch: list[Encoded] = []
         used = 0

@@ -177,6 +177,9 @@ def test_copy_warmup_schedule():
     pool = set(data.token_pool(vocab))
     assert {e.kind for e in stream[0]} == {"induce"} and "induce" not in {e.kind for e in stream[-1]}
     assert all(set(e.ids) <= pool for e in stream[0]) and not pool & set(range(data.SPECIAL_BASE, 163840))
+    first = data.CopyWarmup(share=1.0, until=1.0, induce_until=0.5)
+    stream = list(data.batches(tok, vocab, seed=3, steps=4, tokens_per_step=1200, warmup=first))
+    assert {e.kind for b in stream[:2] for e in b} == {"induce"} and "induce" not in {e.kind for e in stream[-1]}
 
 
 def test_batches_are_deterministic_and_follow_the_curriculum():
