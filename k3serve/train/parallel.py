@@ -9,6 +9,8 @@ apply identical updates and stay bit-identical. With ``world == 1`` nothing here
 from __future__ import annotations
 
 import ctypes
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,6 +37,24 @@ def keep_freed_memory() -> bool:
     m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4  # mallopt parameters (malloc.h)
     return bool(libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)
                 and libc.mallopt(m_top_pad, 256 << 20))
+
+
+def die_with_parent() -> bool:
+    """Linux only: this process gets SIGTERM when its parent dies. A run stopped with ``kill`` on the
+    launcher otherwise left its spawned ranks training on, holding every core. Returns whether it is set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    parent = os.getppid()
+    pr_set_pdeathsig = 1
+    if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
 
 
 def init(rank: int, world: int, rendezvous: Path) -> None:
@@ -80,4 +100,9 @@ def launch(fn: Callable[..., None], world: int, *args: object) -> None:
     if world == 1:
         fn(0, 1, *args)
     else:
-        torch.multiprocessing.spawn(fn, args=(world, *args), nprocs=world, join=True)
+        torch.multiprocessing.spawn(_rank, args=(fn, world, *args), nprocs=world, join=True)
+
+
+def _rank(rank: int, fn: Callable[..., None], world: int, *args: object) -> None:
+    die_with_parent()
+    fn(rank, world, *args)

@@ -1,7 +1,13 @@
 """A few training steps learn, and the export loads with the normal loader and computes the same function."""
 
 import dataclasses
+import os
 import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 
 import pytest
 import torch
@@ -234,3 +240,48 @@ def test_train_cli_explains_every_flag_and_rejects_bad_values_in_one_line(capsys
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("python -m k3serve.train.train: error: ")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux-only")
+def test_spawned_ranks_stop_when_the_launcher_is_killed(tmp_path):
+    """``kill`` on a CPU run's launcher must not leave its ranks training on (started from a shell, as
+    ``nohup ... &`` does, they used to survive it)."""
+    pids, parent = tmp_path / "pids", tmp_path / "parent"
+    script = tmp_path / "launch.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, time
+        from k3serve.train import parallel
+        def work(rank, world):
+            with open({str(pids)!r}, "a") as f:
+                f.write(f"{{os.getpid()}}\\n")
+            time.sleep(120)
+        if __name__ == "__main__":
+            parallel.launch(work, 2)
+    """))
+    shell = subprocess.Popen(["bash", "-c", f"{sys.executable} {script} & echo $! > {parent}; wait"])
+    ranks: list[int] = []
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and (not pids.exists() or len(pids.read_text().split()) < 2):
+            time.sleep(0.2)
+        ranks = [int(x) for x in pids.read_text().split()]
+        assert len(ranks) == 2
+        os.kill(int(parent.read_text()), signal.SIGTERM)  # what `kill` and `pkill` send
+        shell.wait(timeout=30)
+        deadline = time.time() + 20
+        while time.time() < deadline and any(_alive(pid) for pid in ranks):
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in ranks)
+    finally:
+        shell.kill()
+        for pid in ranks:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
