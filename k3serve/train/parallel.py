@@ -19,6 +19,15 @@ import torch
 import torch.distributed as dist
 
 
+def _glibc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def keep_freed_memory() -> bool:
     """glibc only: serve every allocation from the heap and never give freed memory back to the OS.
 
@@ -28,11 +37,8 @@ def keep_freed_memory() -> bool:
     time rose from 1% to 10-11% within 100 steps and throughput fell from ~1400 to ~1000 tokens/s; with
     this, system time stays at 0% and late steps run ~15% faster. A 60-minute run (r8) reached 28% system
     time. Returns whether the settings were applied."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+    libc = _glibc()
+    if libc is None:
         return False
     m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4  # mallopt parameters (malloc.h)
     return bool(libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)
@@ -42,11 +48,8 @@ def keep_freed_memory() -> bool:
 def die_with_parent() -> bool:
     """Linux only: this process gets SIGTERM when its parent dies. A run stopped with ``kill`` on the
     launcher otherwise left its spawned ranks training on, holding every core. Returns whether it is set."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+    libc = _glibc()
+    if libc is None:
         return False
     parent = os.getppid()
     pr_set_pdeathsig = 1
