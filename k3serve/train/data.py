@@ -14,7 +14,9 @@ A batch is a list of ``(ids, n_prompt)`` whose total length stays under the toke
 same batches in a helper process (GPU training, where the host is the bottleneck).
 
 Besides the K3-format tasks the warm-up can hold ``induce`` samples: raw token sequences, not chats
-(``filler, s, w_1..w_n, s, w_1..w_n``, loss on the second copy), which teach content-addressed copying.
+(``filler, s, w_1..w_n, s, w_1..w_n``, loss on the second copy), which teach content-addressed copying,
+and ``assoc`` samples (``assoc_sample``: many keyed values, then many of the keys asked back), which teach
+finding a value by its key in contexts as long as the recall lists.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class CopyWarmup:
     """Share of warm-up samples: ``share`` until ``until`` (fraction of steps), ``after`` from then on; a
     ``lookup`` fraction of them are key -> value lookups, a ``recall`` fraction recall lists as long as the
     curriculum has them then, an ``induce`` fraction synthetic token copies (``induce_sample``), the rest
-    plain copies. Before ``induce_until`` every sample is a synthetic copy."""
+    plain copies. Before ``induce_until`` every sample is a synthetic copy. An ``assoc`` fraction of the
+    synthetic samples are associative recall (``assoc_sample``) rather than copies."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
@@ -67,9 +70,10 @@ class CopyWarmup:
     recall: float = 0.0
     induce: float = 0.0
     induce_until: float = 0.0
+    assoc: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("share", "until", "after", "lookup", "recall", "induce", "induce_until"):
+        for name in ("share", "until", "after", "lookup", "recall", "induce", "induce_until", "assoc"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"copy warm-up {name} must be in [0, 1]")
         if self.lookup + self.recall + self.induce > 1.0:
@@ -115,6 +119,38 @@ def induce_sample(rng: random.Random, pool: Sequence[int]) -> Encoded:
     return Encoded("induce", prompt + words, len(prompt))
 
 
+ASSOC_PAIRS = (4, 160)  # keyed values per sample: ~1.9k tokens at the top, as long as the longest recall
+ASSOC_GLUE = 3  # up to this many fixed tokens between a key and its value ("Record 290: \"" has two)
+
+
+def assoc_pairs(progress: float) -> tuple[int, int]:
+    """Range of keyed values in an ``assoc`` sample: short at first, as long as recall lists by the end of
+    the recall ramp (induction over a long context does not form from scratch: measured on the copy
+    probe, filler of up to 1,000 tokens kept it from forming within 200 steps)."""
+    t = min(1.0, max(0.0, progress / RAMP[1]))
+    lo, hi = ASSOC_PAIRS
+    return lo, round(2 * lo + t * (hi - 2 * lo))
+
+
+def assoc_sample(rng: random.Random, pool: Sequence[int], pairs: int) -> Encoded:
+    """Multi-query associative recall over ``pool``: ``pairs`` records ``k, g.., v_1..v_n, e`` (n in 1-8),
+    a marker ``q``, then half of the keys in random order, each followed by its record again; the answer
+    is everything after ``q``. Glue ``g`` (0-3 fixed tokens) and ``e`` are the same in every record and
+    all tokens are distinct, so each value is found by its key alone, at a fixed offset after it, and its
+    later tokens by content. This is what a recall list asks for (the record number three tokens before
+    the passage) and what a tool argument asks for (the key a few tokens before the value), with a
+    supervised token for about every third token of the sequence instead of ~1% in a recall sample."""
+    lens = [rng.randint(1, 8) for _ in range(pairs)]
+    glue_n = rng.randint(0, ASSOC_GLUE)
+    picked = rng.sample(pool, pairs + sum(lens) + glue_n + 2)
+    q, e, glue = picked[0], picked[1], picked[2:2 + glue_n]
+    rest = iter(picked[2 + glue_n:])
+    records = [[next(rest), *glue, *(next(rest) for _ in range(n)), e] for n in lens]
+    prompt = [t for r in records for t in r] + [q]
+    asked = rng.sample(records, max(1, pairs // 2))
+    return Encoded("assoc", prompt + [t for r in asked for t in r], len(prompt))
+
+
 # Earlier exchanges put in front of a sample (``history``): short tasks answered in content only.
 HISTORY_KINDS = ("copy", "lookup", "json")
 
@@ -142,6 +178,8 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
     if kind == "induce":
         if not pool:
             raise ValueError("induce samples need a token pool")
+        if warmup.assoc and rng.random() < warmup.assoc:
+            return assoc_sample(rng, pool, rng.randint(*assoc_pairs(progress)))
         return induce_sample(rng, pool)
     kwargs = {"records": rng.randint(*recall_range(progress))} if kind == "recall" else {}
     if kind in WARMUP and progress < warmup.until:

@@ -74,6 +74,7 @@ class TrainConfig:
     recall_frac: float = 0.0
     induce_frac: float = 0.0
     induce_until: float = 0.0
+    assoc_frac: float = 0.0
     history_frac: float = 0.0
     embed_std: float = 1.0
 
@@ -100,7 +101,7 @@ class TrainConfig:
     @property
     def copy_warmup(self) -> data.CopyWarmup:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
-                              self.recall_frac, self.induce_frac, self.induce_until)
+                              self.recall_frac, self.induce_frac, self.induce_until, self.assoc_frac)
 
 
 @torch.no_grad()
@@ -294,6 +295,7 @@ HELP = {
     "recall_frac": "fraction of the warm-up samples that are recall lists",
     "induce_frac": "fraction of the warm-up samples that are synthetic token copies (raw ids, not chats)",
     "induce_until": "fraction of the steps at the start in which every sample is a synthetic token copy",
+    "assoc_frac": "fraction of the synthetic samples that are associative recall (keyed values asked back) instead of copies",
     "history_frac": "fraction of the samples (not recall lists) with 1-3 earlier short exchanges in front",
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
 }

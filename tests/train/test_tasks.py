@@ -184,3 +184,62 @@ def test_induce_samples_copy_by_content_only():
             assert e.ids[e.ids.index(e.ids[i - 1]) + 1] == e.ids[i]
     with pytest.raises(ValueError, match="token pool"):
         data.draw(random.Random(0), None, 0.0, data.CopyWarmup(share=1.0, until=1.0, induce=1.0))
+
+
+def test_assoc_samples_find_each_value_by_its_key():
+    from k3serve.train import data
+
+    pool = list(range(2000, 4000))
+    rng = random.Random(5)
+    glues = set()
+    for pairs in (1, 2, 7, 40, 160):
+        for _ in range(20):
+            e = data.assoc_sample(rng, pool, pairs)
+            assert e.kind == "assoc" and set(e.ids) <= set(pool)
+            context, answer = e.ids[:e.n_prompt - 1], e.ids[e.n_prompt:]
+            end = context[-1]
+            records, cur = [], []
+            for t in context:
+                cur.append(t)
+                if t == end:
+                    records.append(cur)
+                    cur = []
+            assert len(records) == pairs and not cur
+            # every record is key, the same glue, 1-8 value tokens, the end token; no token repeats elsewhere
+            if pairs == 1:  # one record: its glue cannot be told from its value
+                continue
+            glue = [t for t in records[0][1:-1] if context.count(t) == pairs]
+            glue_n = len(glue)
+            for r in records:
+                assert r[1:1 + glue_n] == glue and 1 <= len(r) - 2 - glue_n <= 8
+            unique = [t for r in records for t in (r[0], *r[1 + glue_n:-1])]
+            assert len(set(unique)) == len(unique) and e.ids[e.n_prompt - 1] not in unique
+            glues.add(glue_n)
+            # the answer asks back half of the records (at least one), whole and unchanged
+            by_key = {r[0]: r for r in records}
+            asked, i = [], 0
+            while i < len(answer):
+                r = by_key[answer[i]]
+                assert answer[i:i + len(r)] == r
+                asked.append(r[0])
+                i += len(r)
+            assert len(asked) == max(1, pairs // 2) and len(set(asked)) == len(asked)
+    assert glues == set(range(data.ASSOC_GLUE + 1))
+
+
+def test_assoc_samples_lengthen_with_the_curriculum():
+    from k3serve.train import data
+
+    assert data.assoc_pairs(0.0) == (data.ASSOC_PAIRS[0], 2 * data.ASSOC_PAIRS[0])
+    assert data.assoc_pairs(data.RAMP[1]) == data.assoc_pairs(1.0) == data.ASSOC_PAIRS
+    pool = list(range(2000, 6000))
+    warm = data.CopyWarmup(induce_until=1.0, assoc=1.0)
+    for progress in (0.0, 0.5, 0.99):
+        lo, hi = data.assoc_pairs(progress)
+        for seed in range(5):
+            e = data.draw(random.Random(seed), None, progress, warm, pool=pool)
+            n_records = e.ids[:e.n_prompt].count(e.ids[e.n_prompt - 2])
+            assert e.kind == "assoc" and lo <= n_records <= hi
+    kinds = {data.draw(random.Random(s), None, 0.0, data.CopyWarmup(induce_until=1.0, assoc=0.5), pool=pool).kind
+             for s in range(40)}
+    assert kinds == {"assoc", "induce"}
