@@ -114,30 +114,37 @@ def snapshots(run: Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def open_run(run: Path, step: int | None = None, config: Path | None = None
+             ) -> tuple[nn.Module, CompactVocab, Path, int]:
+    """The training model of a run's snapshot ``step`` (default: the last), its vocabulary, its config and
+    the step. Raises ValueError (one line for the user) when the run or the snapshot is missing."""
+    found = snapshots(run)
+    if not found or not (run / "used_ids.json").is_file():
+        raise ValueError(f"{run} holds no compact snapshots or no used_ids.json")
+    step = max(found) if step is None else step
+    if step not in found:
+        raise ValueError(f"no snapshot for step {step}; have {sorted(found)}")
+    with safe_open(str(found[step]), "pt") as f:
+        recorded = Path((f.metadata() or {}).get("config", ""))
+    # a run made on another machine records its path there; the package's own configs are found by name
+    config = config or (recorded if recorded.is_file() else CONFIG_DIR / recorded.name)
+    if not config.is_file():
+        raise ValueError("the snapshot records no readable config; pass --config")
+    vocab = CompactVocab(json.loads((run / "used_ids.json").read_text()), ModelConfig.from_file(config).text.vocab_size)
+    return load_compact(config, vocab, found[step]), vocab, config, step
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Export a compact training snapshot in the shipped HF K3 layout.")
     p.add_argument("run", type=Path, help="run directory (holds compact/step_<k>.safetensors and used_ids.json)")
     p.add_argument("--step", type=int, help="snapshot to export (default: the last; written to <run>/step_<k>)")
     p.add_argument("--config", type=Path, help="model config (default: the one recorded in the snapshot)")
     args = p.parse_args(argv)
-    found = snapshots(args.run)
-    if not found or not (args.run / "used_ids.json").is_file():
-        print(f"error: {args.run} holds no compact snapshots or no used_ids.json", file=sys.stderr)
+    try:
+        model, vocab, config, step = open_run(args.run, args.step, args.config)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    last = max(found)
-    step = last if args.step is None else args.step
-    if step not in found:
-        print(f"error: no snapshot for step {step}; have {sorted(found)}", file=sys.stderr)
-        return 2
-    with safe_open(str(found[step]), "pt") as f:
-        recorded = Path((f.metadata() or {}).get("config", ""))
-    # a run made on another machine records its path there; the package's own configs are found by name
-    config = args.config or (recorded if recorded.is_file() else CONFIG_DIR / recorded.name)
-    if not config.is_file():
-        print("error: the snapshot records no readable config; pass --config", file=sys.stderr)
-        return 2
-    vocab = CompactVocab(json.loads((args.run / "used_ids.json").read_text()), ModelConfig.from_file(config).text.vocab_size)
-    model = load_compact(config, vocab, found[step])
     out = args.run if args.step is None else args.run / f"step_{step}"
     model_dir, bf16_dir = export(model, vocab, config, out)
     print(f"wrote {model_dir} and {bf16_dir}")

@@ -29,6 +29,8 @@ from torch.nn.utils import parametrize
 
 from k3serve.core.config import ModelConfig
 from k3serve.layers.attn_res import AttnResWeights
+from k3serve.layers.kda import KimiDeltaAttention
+from k3serve.layers.mla import MLAttention
 from k3serve.layers.moe import MoEGate
 from k3serve.layers.norm import GatedRMSNorm, KimiRMSNorm
 from k3serve.models.kimi import build_model, text_model
@@ -75,8 +77,11 @@ class TrainConfig:
     induce_frac: float = 0.0
     induce_until: float = 0.0
     assoc_frac: float = 0.0
+    induce_long: int = 0
     history_frac: float = 0.0
     embed_std: float = 1.0
+    mla_init_std: float = 0.0
+    prev_token_init: int = 0
 
     def __post_init__(self) -> None:
         for name in ("steps", "tokens_per_step", "threads", "workers", "log_every"):
@@ -101,11 +106,13 @@ class TrainConfig:
     @property
     def copy_warmup(self) -> data.CopyWarmup:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
-                              self.recall_frac, self.induce_frac, self.induce_until, self.assoc_frac)
+                              self.recall_frac, self.induce_frac, self.induce_until, self.assoc_frac,
+                              self.induce_long)
 
 
 @torch.no_grad()
-def init_for_training(model: nn.Module, seed: int, embed_std: float = 1.0) -> None:
+def init_for_training(model: nn.Module, seed: int, embed_std: float = 1.0, mla_init_std: float = 0.0,
+                      prev_token_init: int = 0) -> None:
     """The writer's random init, with unit norms, uniform AttnRes mixing (zero pseudo-queries) and embedding
     rows of std ``embed_std``: with tied rows and a unit-RMS final norm (|h| ~ sqrt(d) = 8), a correct token
     must reach a logit well above log(V - |U|) ~ 12 (the zero rows' mass). Measured on a copy probe
@@ -122,6 +129,46 @@ def init_for_training(model: nn.Module, seed: int, embed_std: float = 1.0) -> No
             m.e_score_correction_bias.zero_()
         elif name.endswith("res_proj"):
             m.weight.zero_()
+    if mla_init_std:
+        _scale_mla_init(model, mla_init_std, g)
+    kda = [m for m in model.modules() if isinstance(m, KimiDeltaAttention)]
+    for m in kda[:prev_token_init]:
+        _previous_token_head(m, 0)
+
+
+def _previous_token_head(m: KimiDeltaAttention, h: int) -> None:
+    """Start head ``h`` of a KDA layer as a previous-token head: its output is (a gated, normalised
+    projection of) the token before, o_t = beta_t * v_{t-1}. The softmax layers have no positions, so
+    finding "the token after an earlier occurrence of this one" needs that feature in their keys (in i1
+    MLA attention stayed near uniform and the KDA layers did all the copying from their own state, which
+    holds ~10-20 tokens). Measured: with it MLA still did not copy within 300-step probes (RESULTS.md).
+    How: the decay forgets the state at every step (log decay ~ -50), q and k are the same projection of
+    the current token (so q.k = 1 after the L2 norm) and the value filter reads only x_{t-1}; the delta
+    rule then leaves S_t = beta_t k_t v_t^T."""
+    K = m.head_dim
+    sl = slice(h * K, (h + 1) * K)
+    m.k_proj.weight[sl] = m.q_proj.weight[sl]
+    for conv, tap in ((m.q_conv1d, -1), (m.k_conv1d, -1), (m.v_conv1d, -2)):
+        conv.weight[sl] = 0.0
+        conv.weight[sl, 0, tap] = 1.0
+    m.A_log[h] = math.log(16.0)
+    m.dt_bias[sl] = 3.0
+
+
+MLA_SCALED = ("q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+
+
+def _scale_mla_init(model: nn.Module, std: float, g: torch.Generator) -> None:
+    """Redraw the MLA projections that set the attention scores and output at ``std``. At the flat 0.02,
+    q and k come out ~0.16 per element, so the scores start ~0.03 apart (uniform attention) and their
+    gradient is a product of three small factors; the KDA layers, whose q and k are L2-normalised, learn
+    all the copying instead (measured on i1: zeroing every MLA output left its copy accuracy unchanged).
+    Measured: at 0.125 a 400-step copy probe ended at the same loss as at 0.02 (RESULTS.md)."""
+    for m in model.modules():
+        if isinstance(m, MLAttention):
+            for name in MLA_SCALED:
+                w = getattr(m, name).weight
+                w.copy_(torch.randn(w.shape, generator=g) * std)
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -209,7 +256,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     full = ModelConfig.from_file(cfg.config)
     vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1), full.text.vocab_size)
     model = build_model(compact_config(full, vocab))
-    init_for_training(model, cfg.seed, cfg.embed_std)
+    init_for_training(model, cfg.seed, cfg.embed_std, cfg.mla_init_std, cfg.prev_token_init)
     if cfg.init_from:
         load_params(model, vocab, Path(cfg.init_from))
     model.to(cfg.device)
@@ -296,8 +343,11 @@ HELP = {
     "induce_frac": "fraction of the warm-up samples that are synthetic token copies (raw ids, not chats)",
     "induce_until": "fraction of the steps at the start in which every sample is a synthetic token copy",
     "assoc_frac": "fraction of the synthetic samples that are associative recall (keyed values asked back) instead of copies",
+    "induce_long": "synthetic copies lengthen with the recall lists up to this many tokens (0: 4-24 throughout)",
     "history_frac": "fraction of the samples (not recall lists) with 1-3 earlier short exchanges in front",
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
+    "prev_token_init": "start head 0 of this many leading KDA layers as a previous-token head (0: none)",
+    "mla_init_std": "std of the initial MLA q_b/kv_a/kv_b/o projections (0: the writer's flat 0.02)",
 }
 
 

@@ -285,3 +285,48 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_synthetic_copies_lengthen_only_when_asked():
+    from k3serve.train import data
+
+    assert data.induce_items(0.9) == data.induce_items(0.0) == data.INDUCE_ITEMS
+    assert data.induce_items(0.0, 300) == data.INDUCE_ITEMS
+    assert data.induce_items(data.RAMP[1], 300) == data.induce_items(1.0, 300) == (data.INDUCE_ITEMS[0], 300)
+    lo, hi = data.induce_items(data.RAMP[1] / 2, 300)
+    assert data.INDUCE_ITEMS[1] < hi < 300
+    pool = list(range(1000, 2000))
+    warm = data.CopyWarmup(induce_until=1.0, induce_long=300)
+    e = data.draw(random.Random(0), None, 0.99, warm, pool=pool)
+    assert e.kind == "induce" and len(e.ids) - e.n_prompt <= 300
+    with pytest.raises(ValueError, match="induce_long"):
+        data.CopyWarmup(induce_long=-1)
+
+
+@torch.no_grad()
+def test_init_options_shape_the_attention_layers():
+    from k3serve.layers.kda import KimiDeltaAttention
+    from k3serve.layers.mla import MLAttention
+    from k3serve.train.train import MLA_SCALED
+
+    full = ModelConfig.from_file(DEFAULT_CONFIG)
+    vocab = CompactVocab(range(1000, 1400), full.text.vocab_size)
+    model = build_model(compact_config(full, vocab))
+    init_for_training(model, 0, mla_init_std=0.125, prev_token_init=1)
+    for m in model.modules():
+        if isinstance(m, MLAttention):
+            for name in MLA_SCALED:
+                assert abs(getattr(m, name).weight.std().item() - 0.125) < 0.02
+    first = next(m for m in model.modules() if isinstance(m, KimiDeltaAttention))
+    heads = []
+    first.o_norm.register_forward_hook(lambda mod, args, out: heads.append(args[0]))  # [N, H, K] before the norm
+    ids = torch.tensor(vocab.to_compact(list(range(1000, 1012))))
+    other = ids.clone()
+    other[5] = vocab.to_compact([1300])[0]
+    for x in (ids, other):
+        from k3serve.train.forward import train_forward
+        train_forward(model, [x])
+    diff = (heads[0] - heads[1]).abs().amax(-1)  # [N, H]
+    # head 0 reads the token before: a change at 5 shows at 5 (gate, beta) and 6 (the value), ~nothing later
+    assert diff[:5].max() == 0 and diff[6, 0] > 100 * diff[7:, 0].max()
+    assert diff[8:, 1:].max() > 100 * diff[8:, 0].max()  # the other heads keep a memory
