@@ -49,15 +49,22 @@ class MLAttention(nn.Module):
         """Per-token cache width (paged); ``None`` dtype means the model dtype."""
         return {"mla": ((self.kv_lora_rank + self.rope_dim,), None)}
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        N, H = x.shape[0], self.num_heads
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        """q ``[N, H, Dn + R]`` of x ``[N, d]``."""
         if hasattr(self, "q_proj"):
             q = self.q_proj(x)
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q = q.view(N, H, self.qk_dim)
+        return q.view(x.shape[0], self.num_heads, self.qk_dim)
+
+    def latents(self, x: torch.Tensor) -> torch.Tensor:
+        """What the cache holds per token ``[N, kv_lora_rank + R]``: the normed kv latent, then k_pe."""
         ckv = self.kv_a_proj_with_mqa(x)
-        latents = torch.cat([self.kv_a_layernorm(ckv[:, : self.kv_lora_rank]), ckv[:, self.kv_lora_rank:]], -1)
+        return torch.cat([self.kv_a_layernorm(ckv[:, : self.kv_lora_rank]), ckv[:, self.kv_lora_rank:]], -1)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        N = x.shape[0]
+        q, latents = self.queries(x), self.latents(x)
         cache = ctx.caches.mla[self.layer_idx]
         mla_ops.write_latents(cache, ctx.slot_mapping, latents)
 
@@ -65,7 +72,7 @@ class MLAttention(nn.Module):
             o = self._decode(q, cache, ctx, ctx.block_tables, ctx.context_lens_tensor, max(ctx.context_lens))
         else:
             o = self._prefill(q, latents, cache, ctx)
-        o = o.reshape(N, H * self.v_dim).to(x.dtype)
+        o = o.reshape(N, self.num_heads * self.v_dim).to(x.dtype)
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x))
         return self.o_proj(o)
