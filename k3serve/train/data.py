@@ -15,8 +15,8 @@ same batches in a helper process (GPU training, where the host is the bottleneck
 
 Besides the K3-format tasks the warm-up can hold ``induce`` samples: raw token sequences, not chats
 (``filler, s, w_1..w_n, s, w_1..w_n``, loss on the second copy), which teach content-addressed copying,
-and ``assoc`` samples (``assoc_sample``: many keyed values, then many of the keys asked back), which teach
-finding a value by its key in contexts as long as the recall lists.
+and ``assoc`` samples (``assoc_sample``: many keyed values, then many of the keys asked back), meant to
+teach finding a value by its key in contexts as long as the recall lists (run a1: they never formed).
 """
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ class Encoded:
 def recall_range(progress: float) -> tuple[int, int]:
     t = min(1.0, max(0.0, (progress - RAMP[0]) / (RAMP[1] - RAMP[0])))
     return round(SHORT[0] + t * (LONG[0] - SHORT[0])), round(SHORT[1] + t * (LONG[1] - SHORT[1]))
+
+
+def ramp_done(progress: float) -> float:
+    """How far (0-1) the recall ramp has got by ``progress``, counted from the start of training: what the
+    synthetic samples that lengthen with the recall lists use."""
+    return min(1.0, max(0.0, progress / RAMP[1]))
 
 
 def recall_weight(progress: float) -> float:
@@ -116,8 +122,7 @@ def induce_items(progress: float, longest: int = 0) -> tuple[int, int]:
     lo, hi = INDUCE_ITEMS
     if longest <= hi:
         return lo, hi
-    t = min(1.0, max(0.0, progress / RAMP[1]))
-    return lo, round(hi + t * (longest - hi))
+    return lo, round(hi + ramp_done(progress) * (longest - hi))
 
 
 def induce_sample(rng: random.Random, pool: Sequence[int], items: tuple[int, int] = INDUCE_ITEMS) -> Encoded:
@@ -143,9 +148,8 @@ def assoc_pairs(progress: float) -> tuple[int, int]:
     """Range of keyed values in an ``assoc`` sample: short at first, as long as recall lists by the end of
     the recall ramp (induction over a long context does not form from scratch: measured on the copy
     probe, filler of up to 1,000 tokens kept it from forming within 200 steps)."""
-    t = min(1.0, max(0.0, progress / RAMP[1]))
     lo, hi = ASSOC_PAIRS
-    return lo, round(2 * lo + t * (hi - 2 * lo))
+    return lo, round(2 * lo + ramp_done(progress) * (hi - 2 * lo))
 
 
 def assoc_sample(rng: random.Random, pool: Sequence[int], pairs: int) -> Encoded:

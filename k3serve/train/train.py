@@ -28,17 +28,12 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from k3serve.core.config import ModelConfig
-from k3serve.layers.attn_res import AttnResWeights
-from k3serve.layers.kda import KimiDeltaAttention
-from k3serve.layers.mla import MLAttention
-from k3serve.layers.moe import MoEGate
-from k3serve.layers.norm import GatedRMSNorm, KimiRMSNorm
-from k3serve.models.kimi import build_model, text_model
+from k3serve.models.kimi import build_model
 from k3serve.models.registry import CONFIG_DIR
-from k3serve.models.writer import init_random_
 from k3serve.train import data, parallel
 from k3serve.train.export import compact_config, export, load_params, save_compact
 from k3serve.train.forward import train_forward
+from k3serve.train.init import init_for_training
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.qat import enable_qat, expert_modules
 from k3serve.train.vocab import CompactVocab
@@ -108,67 +103,6 @@ class TrainConfig:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
                               self.recall_frac, self.induce_frac, self.induce_until, self.assoc_frac,
                               self.induce_long)
-
-
-@torch.no_grad()
-def init_for_training(model: nn.Module, seed: int, embed_std: float = 1.0, mla_init_std: float = 0.0,
-                      prev_token_init: int = 0) -> None:
-    """The writer's random init, with unit norms, uniform AttnRes mixing (zero pseudo-queries) and embedding
-    rows of std ``embed_std``: with tied rows and a unit-RMS final norm (|h| ~ sqrt(d) = 8), a correct token
-    must reach a logit well above log(V - |U|) ~ 12 (the zero rows' mass). Measured on a copy probe
-    (k3-default body, random 12-token sequences repeated): rows at std 0.02 never left the plateau in 300
-    steps, std 0.3 started copying at ~250 steps, std 1.0 at ~150."""
-    init_random_(model, seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    emb = text_model(model).model.embed_tokens.weight
-    emb.copy_(torch.randn(emb.shape, generator=g) * embed_std)
-    for name, m in model.named_modules():
-        if isinstance(m, (KimiRMSNorm, GatedRMSNorm, AttnResWeights)):
-            m.weight.fill_(1.0)
-        elif isinstance(m, MoEGate):
-            m.e_score_correction_bias.zero_()
-        elif name.endswith("res_proj"):
-            m.weight.zero_()
-    if mla_init_std:
-        _scale_mla_init(model, mla_init_std, g)
-    kda = [m for m in model.modules() if isinstance(m, KimiDeltaAttention)]
-    for m in kda[:prev_token_init]:
-        _previous_token_head(m, 0)
-
-
-def _previous_token_head(m: KimiDeltaAttention, h: int) -> None:
-    """Start head ``h`` of a KDA layer as a previous-token head: its output is (a gated, normalised
-    projection of) the token before, o_t = beta_t * v_{t-1}. The softmax layers have no positions, so
-    finding "the token after an earlier occurrence of this one" needs that feature in their keys (in i1
-    MLA attention stayed near uniform and the KDA layers did all the copying from their own state, which
-    holds ~10-20 tokens). Measured: with it MLA still did not copy within 300-step probes (RESULTS.md).
-    How: the decay forgets the state at every step (log decay ~ -50), q and k are the same projection of
-    the current token (so q.k = 1 after the L2 norm) and the value filter reads only x_{t-1}; the delta
-    rule then leaves S_t = beta_t k_t v_t^T."""
-    K = m.head_dim
-    sl = slice(h * K, (h + 1) * K)
-    m.k_proj.weight[sl] = m.q_proj.weight[sl]
-    for conv, tap in ((m.q_conv1d, -1), (m.k_conv1d, -1), (m.v_conv1d, -2)):
-        conv.weight[sl] = 0.0
-        conv.weight[sl, 0, tap] = 1.0
-    m.A_log[h] = math.log(16.0)
-    m.dt_bias[sl] = 3.0
-
-
-MLA_SCALED = ("q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
-
-
-def _scale_mla_init(model: nn.Module, std: float, g: torch.Generator) -> None:
-    """Redraw the MLA projections that set the attention scores and output at ``std``. At the flat 0.02,
-    q and k come out ~0.16 per element, so the scores start ~0.03 apart (uniform attention) and their
-    gradient is a product of three small factors; the KDA layers, whose q and k are L2-normalised, learn
-    all the copying instead (measured on i1: zeroing every MLA output left its copy accuracy unchanged).
-    Measured: at 0.125 a 400-step copy probe ended at the same loss as at 0.02 (RESULTS.md)."""
-    for m in model.modules():
-        if isinstance(m, MLAttention):
-            for name in MLA_SCALED:
-                w = getattr(m, name).weight
-                w.copy_(torch.randn(w.shape, generator=g) * std)
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:

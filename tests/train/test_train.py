@@ -22,7 +22,8 @@ from k3serve.train.qat import enable_qat
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.export import compact_config, export, load_compact, save_compact
-from k3serve.train.train import DEFAULT_CONFIG, TrainConfig, init_for_training, step_loss
+from k3serve.train.init import init_for_training
+from k3serve.train.train import DEFAULT_CONFIG, TrainConfig, step_loss
 from k3serve.train.vocab import CompactVocab
 
 
@@ -307,7 +308,7 @@ def test_synthetic_copies_lengthen_only_when_asked():
 def test_init_options_shape_the_attention_layers():
     from k3serve.layers.kda import KimiDeltaAttention
     from k3serve.layers.mla import MLAttention
-    from k3serve.train.train import MLA_SCALED
+    from k3serve.train.init import MLA_SCALED
 
     full = ModelConfig.from_file(DEFAULT_CONFIG)
     vocab = CompactVocab(range(1000, 1400), full.text.vocab_size)
