@@ -15,6 +15,7 @@ H x K x K numbers. This probe tells which of them does the copying in a trained 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import random
 import sys
@@ -103,15 +104,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        model, vocab, config, step = open_run(args.run, args.step, args.config)
+        model, vocab, _, step = open_run(args.run, args.step, args.config)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{args.run} step {step}: teacher-forced copy accuracy (w_2..w_n) by copy length n")
     for label, kind in (("whole model", None), ("MLA outputs zeroed", MLAttention),
                         ("KDA outputs zeroed", KimiDeltaAttention)):
-        m, _, _, _ = open_run(args.run, step, config) if kind else (model, None, None, None)
+        m = model
         if kind:
+            m = copy.deepcopy(model)
             zero_outputs(m, kind)
         print(f"  {label:20s} " + "  ".join(f"n={n}: {copy_accuracy(m, vocab, n):.2f}" for n in args.lengths),
               flush=True)
