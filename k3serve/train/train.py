@@ -28,11 +28,13 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from k3serve.core.config import ModelConfig
+from k3serve.layers.moe import MoEGate
 from k3serve.models.kimi import build_model
 from k3serve.models.registry import CONFIG_DIR
 from k3serve.train import data, parallel
 from k3serve.train.export import compact_config, export, load_params, save_compact
 from k3serve.train.forward import train_forward
+from k3serve.train.grow import import_checkpoint, is_checkpoint_dir
 from k3serve.train.init import init_for_training
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.qat import enable_qat, expert_modules
@@ -90,8 +92,8 @@ class TrainConfig:
             raise ValueError("progress_from must be in [0, 1]")
         if not 0.0 <= self.history_frac <= 1.0:
             raise ValueError("history_frac must be in [0, 1]")
-        if self.init_from and not Path(self.init_from).is_file():
-            raise ValueError(f"init_from: no snapshot at {self.init_from}")
+        if self.init_from and not (Path(self.init_from).is_file() or is_checkpoint_dir(Path(self.init_from))):
+            raise ValueError(f"init_from: no compact snapshot or checkpoint directory at {self.init_from}")
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.device != "cpu" and self.workers != 1:
@@ -191,7 +193,9 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1), full.text.vocab_size)
     model = build_model(compact_config(full, vocab))
     init_for_training(model, cfg.seed, cfg.embed_std, cfg.mla_init_std, cfg.prev_token_init)
-    if cfg.init_from:
+    if cfg.init_from and Path(cfg.init_from).is_dir():
+        import_checkpoint(model, vocab, Path(cfg.init_from))
+    elif cfg.init_from:
         load_params(model, vocab, Path(cfg.init_from))
     model.to(cfg.device)
     if rank == 0:  # first, so compact snapshots are usable while the run goes on
@@ -267,7 +271,8 @@ HELP = {
     "log_every": "steps between log lines (loss, tokens/s, per-kind answer loss)",
     "save_every": "also write a compact snapshot <out>/compact/step_<k>.safetensors every this many steps (0: off)",
     "device": "cpu, or cuda[:N] to train on one GPU",
-    "init_from": "continue from this compact snapshot (same data code and seed) instead of a fresh init",
+    "init_from": "continue from this compact snapshot (same data code and seed), or start from an HF-format "
+                 "checkpoint directory (KDA heads may grow wider: train/grow.py), instead of a fresh init",
     "progress_from": "start the curriculum at this fraction of its course (1.0: the final task mix throughout)",
     "copy_share": "share of warm-up samples (plain copies, lookups, short recall lists) until --copy-until",
     "copy_until": "fraction of the steps until which --copy-share holds",

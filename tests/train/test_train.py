@@ -145,7 +145,7 @@ def test_config_validation():
         TrainConfig(out=".", device="tpu")
     with pytest.raises(ValueError, match="one process"):
         TrainConfig(out=".", device="cuda", workers=2)
-    with pytest.raises(ValueError, match="no snapshot"):
+    with pytest.raises(ValueError, match="no compact snapshot or checkpoint directory"):
         TrainConfig(out=".", init_from="/nonexistent/step_1.safetensors")
     with pytest.raises(ValueError, match="progress_from"):
         TrainConfig(out=".", progress_from=1.5)
@@ -331,3 +331,16 @@ def test_init_options_shape_the_attention_layers():
     # head 0 reads the token before: a change at 5 shows at 5 (gate, beta) and 6 (the value), ~nothing later
     assert diff[:5].max() == 0 and diff[6, 0] > 100 * diff[7:, 0].max()
     assert diff[8:, 1:].max() > 100 * diff[8:, 0].max()  # the other heads keep a memory
+
+
+def test_train_runs_its_loop_and_writes_snapshots(tmp_path):
+    """Two steps of ``train()`` itself: expert-load balancing, logging, compact snapshots, final probe."""
+    from k3serve.train.train import train
+
+    cfg = TrainConfig(out=tmp_path, steps=2, tokens_per_step=256, log_every=1, save_every=2, warmup=1)
+    model, vocab, log = train(cfg, load_tokenizer())
+    assert [e["step"] for e in log if "loss" in e] == [1, 2]
+    assert (tmp_path / "compact" / "step_2.safetensors").is_file()
+    assert "probe_loss_mxfp4" in log[-1]["final"]
+    biases = [m.e_score_correction_bias for m in model.modules() if hasattr(m, "e_score_correction_bias")]
+    assert biases and any(b.abs().sum() > 0 for b in biases)  # the loads moved the router biases

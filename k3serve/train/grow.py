@@ -1,0 +1,107 @@
+"""Start a training run from a shipped HF-format checkpoint, optionally with wider KDA heads.
+
+``import_checkpoint(model, vocab, path)`` overwrites a compact training model (``export.compact_config``)
+with a checkpoint's weights:
+  * embedding rows: the checkpoint's rows of the compact vocabulary's ids (ids it never trained are zero
+    there and stay zero here, as an exported unused row is);
+  * routed experts: the MXFP4 weights dequantised into the float masters (QAT picks up from there);
+  * every other parameter and buffer (router biases included) by name.
+
+Where the model's KDA ``head_dim`` is larger than the checkpoint's (K_old -> K_new, same head count), each
+head keeps its K_old key/value channels and gets K_new - K_old new ones. The new channels start near silent,
+so the grown model computes what the checkpoint did: new q/k/v rows at a tenth of the fresh init (q and k
+are L2-normalised per head, so the old channels still carry the scores), new forget-gate rank columns
+zero, new ``o_proj`` columns zero; the output norm's old weights are scaled by sqrt(K_old / K_new),
+because the RMS over K_new channels of which only K_old are live is that much smaller. Two things keep it
+from being exact: the KDA score scale is K^-1/2, so the grown heads' outputs shrink by sqrt(K_old / K_new)
+before the output norm, and that norm's eps is then larger against them (on the shipped model, whose KDA
+outputs are small, one layer's output moves by ~7% and greedy next tokens agree on ~84% of a sample's
+positions). Training recovers that within its first steps. Shapes per layer,
+with P = H * K: q/k/v/g_proj ``[P, d]``, convs ``[P, 1, W]``, f_a_proj ``[K, d]``, f_b_proj ``[P, K]``,
+dt_bias ``[P]``, o_norm ``[K]``, o_proj ``[d, P]``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from k3serve.layers.kda import KimiDeltaAttention
+from k3serve.models.kimi import text_model
+from k3serve.models.loader import load_model
+from k3serve.ops.mx.quant import mxfp4_dequantize
+from k3serve.train.qat import expert_modules
+from k3serve.train.vocab import CompactVocab
+
+NEW_CHANNEL_SCALE = 0.1
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+@torch.no_grad()
+def import_checkpoint(model: nn.Module, vocab: CompactVocab, path: Path) -> dict[str, int]:
+    """Overwrite ``model`` (freshly initialised: new KDA channels keep a scaled copy of that init) with the
+    checkpoint at ``path``; returns counts of what was copied, grown and left untrained."""
+    src, _ = load_model(path, dtype=torch.float32, progress=False)
+    src_tm, dst_tm = text_model(src), text_model(model)
+    counts = {"copied": 0, "grown": 0, "untrained_rows": 0}
+    table = src_tm.model.embed_tokens.weight
+    if table.shape[0] != vocab.full_size or table.shape[1] != dst_tm.model.embed_tokens.weight.shape[1]:
+        raise ValueError(f"{path}: embedding {tuple(table.shape)} does not fit this model's vocabulary and width")
+    rows = table[torch.tensor(vocab.ids)]
+    dst_tm.model.embed_tokens.weight.copy_(rows)
+    counts["untrained_rows"] = int((rows.abs().sum(1) == 0).sum())
+    for s, d in zip(expert_modules(src), expert_modules(model), strict=True):
+        d.w13.copy_(mxfp4_dequantize(s.w13_packed, s.w13_scale, torch.float32))
+        d.w2.copy_(mxfp4_dequantize(s.w2_packed, s.w2_scale, torch.float32))
+    src_kda = {n: m for n, m in src_tm.named_modules() if isinstance(m, KimiDeltaAttention)}
+    growing = {n: (src_kda[n], m) for n, m in dst_tm.named_modules()
+               if isinstance(m, KimiDeltaAttention) and n in src_kda and src_kda[n].head_dim != m.head_dim}
+    own = dict(dst_tm.named_parameters()) | dict(dst_tm.named_buffers())
+    for name, tensor in list(src_tm.named_parameters()) + list(src_tm.named_buffers()):
+        skip = ("embed_tokens", "lm_head", ".experts.")
+        if any(s in name for s in skip) or name not in own or any(name.startswith(g + ".") for g in growing):
+            continue
+        if own[name].shape != tensor.shape:
+            raise ValueError(f"{path}: {name} is {tuple(tensor.shape)}, the model's {tuple(own[name].shape)} "
+                             "(only KDA heads can grow)")
+        own[name].copy_(tensor)
+        counts["copied"] += 1
+    for old, new in growing.values():
+        _grow_kda(old, new)
+        counts["grown"] += 1
+    return counts
+
+
+def _grow_kda(old: KimiDeltaAttention, new: KimiDeltaAttention) -> None:
+    H, Ko, Kn = old.num_heads, old.head_dim, new.head_dim
+    if new.num_heads != H or Kn < Ko:
+        raise ValueError(f"KDA heads can only widen: {H} x {Ko} -> {new.num_heads} x {Kn}")
+
+    def by_head(w: torch.Tensor, K: int) -> torch.Tensor:  # [P, ...] -> [H, K, ...]
+        return w.view(H, K, *w.shape[1:])
+
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        w = by_head(getattr(new, proj).weight, Kn)
+        w[:, Ko:] *= NEW_CHANNEL_SCALE
+        w[:, :Ko] = by_head(getattr(old, proj).weight, Ko)
+    for part in ("q_conv1d", "k_conv1d", "v_conv1d", "g_proj", "dt_bias"):
+        dst = getattr(new, part) if part == "dt_bias" else getattr(new, part).weight
+        src = getattr(old, part) if part == "dt_bias" else getattr(old, part).weight
+        by_head(dst, Kn)[:, :Ko] = by_head(src, Ko)
+    new.f_a_proj.weight[:Ko] = old.f_a_proj.weight
+    f_b = by_head(new.f_b_proj.weight, Kn)       # [H, Kn, Kn]: rows key channels, columns gate rank
+    f_b[:, :, Ko:] = 0.0                        # the new rank is silent until it learns
+    f_b[:, :Ko, :Ko] = by_head(old.f_b_proj.weight, Ko)
+    new.A_log.copy_(old.A_log)
+    new.b_proj.weight.copy_(old.b_proj.weight)
+    new.o_norm.weight[:Ko] = old.o_norm.weight * math.sqrt(Ko / Kn)
+    new.o_norm.weight[Ko:] = old.o_norm.weight.mean() * math.sqrt(Ko / Kn)
+    o = new.o_proj.weight.view(-1, H, Kn)
+    o[:, :, Ko:] = 0.0
+    o[:, :, :Ko] = old.o_proj.weight.view(-1, H, Ko)
