@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import jsonschema
 
 from k3serve.train import tasks
@@ -50,10 +51,14 @@ def make_tasks(n: int, seed: int, strict_tools: bool = False) -> list[tasks.Samp
     return out
 
 
-def http_answer(base_url: str, model: str, api_key: str | None) -> Callable[[tasks.Sample], tuple[str, list]]:
-    import httpx
+class EvalError(Exception):
+    """The server refused a request: reported in one line."""
 
-    client = httpx.Client(base_url=base_url, timeout=600, headers={"Authorization": f"Bearer {api_key or 'none'}"})
+
+def http_answer(base_url: str, model: str, api_key: str | None,
+                transport: httpx.BaseTransport | None = None) -> Callable[[tasks.Sample], tuple[str, list]]:
+    client = httpx.Client(base_url=base_url, timeout=600, headers={"Authorization": f"Bearer {api_key or 'none'}"},
+                          transport=transport)
 
     def answer(s: tasks.Sample) -> tuple[str, list]:
         body: dict[str, Any] = {"model": model, "messages": s.messages, "temperature": 0, "max_tokens": 256,
@@ -65,7 +70,12 @@ def http_answer(base_url: str, model: str, api_key: str | None) -> Callable[[tas
         if s.thinking and s.effort:
             body["reasoning_effort"] = s.effort
         r = client.post("/chat/completions", json=body)
-        r.raise_for_status()
+        if r.status_code != 200:  # e.g. a model name the server does not serve: say what the server said
+            try:
+                detail = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                detail = r.text[:200]
+            raise EvalError(f"the server answered HTTP {r.status_code}: {detail}")
         msg = r.json()["choices"][0]["message"]
         return msg.get("content") or "", list(msg.get("tool_calls") or [])
 
@@ -146,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     if args.base_url:
         ask = http_answer(args.base_url, args.model, args.api_key)
-        answers = [ask(s) for s in samples]
+        try:
+            answers = [ask(s) for s in samples]
+        except (EvalError, httpx.HTTPError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     else:
         import torch
 

@@ -10,6 +10,7 @@ H x K x K numbers. This probe tells which of them does the copying in a trained 
   and the attention mass on the induction target (the token after the earlier occurrence of the current one).
 
     python -m k3serve.train.copyprobe runs/i1 --step 425
+    python -m k3serve.train.copyprobe k3serve/models/weights/k3-default
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from torch import nn
 from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.mla import MLAttention
 from k3serve.train import data
-from k3serve.train.export import open_run
 from k3serve.train.forward import train_forward
+from k3serve.train.grow import open_model
 from k3serve.train.vocab import CompactVocab
 
 LENGTHS = (8, 24, 50, 100)
@@ -97,18 +98,19 @@ def mla_attention(model: nn.Module, vocab: CompactVocab, n: int = 30, seed: int 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m k3serve.train.copyprobe", description=__doc__.splitlines()[0])
-    p.add_argument("run", type=Path, help="run directory (compact/step_<k>.safetensors and used_ids.json)")
+    p.add_argument("run", type=Path, help="run directory (compact/step_<k>.safetensors and used_ids.json), "
+                                          "or a checkpoint directory")
     p.add_argument("--step", type=int, help="snapshot step (default: the last)")
     p.add_argument("--config", type=Path, help="model config (default: the one recorded in the snapshot)")
     p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="copy lengths to score")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        model, vocab, _, step = open_run(args.run, args.step, args.config)
+        model, vocab, step = open_model(args.run, args.step, args.config)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{args.run} step {step}: teacher-forced copy accuracy (w_2..w_n) by copy length n")
+    print(f"{args.run}{'' if step is None else f' step {step}'}: teacher-forced copy accuracy (w_2..w_n) by copy length n")
     for label, kind in (("whole model", None), ("MLA outputs zeroed", MLAttention),
                         ("KDA outputs zeroed", KimiDeltaAttention)):
         m = model

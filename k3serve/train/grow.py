@@ -30,10 +30,13 @@ import torch
 from torch import nn
 
 from k3serve.layers.kda import KimiDeltaAttention
-from k3serve.models.kimi import text_model
+from k3serve.core.config import ModelConfig
+from k3serve.models.kimi import build_model, text_model
 from k3serve.models.loader import load_model
+from k3serve.models.writer import init_random_
 from k3serve.ops.mx.quant import mxfp4_dequantize
-from k3serve.train.qat import expert_modules
+from k3serve.train.export import compact_config, open_run
+from k3serve.train.qat import enable_qat, expert_modules
 from k3serve.train.vocab import CompactVocab
 
 NEW_CHANNEL_SCALE = 0.1
@@ -41,6 +44,26 @@ NEW_CHANNEL_SCALE = 0.1
 
 def is_checkpoint_dir(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file()
+
+
+def open_model(source: Path, step: int | None = None, config: Path | None = None
+               ) -> tuple[nn.Module, CompactVocab, int | None]:
+    """A compact training model, its vocabulary and the snapshot's step (None for a checkpoint), for the
+    probes: a run's snapshot (``export.open_run``)
+    or an HF-format checkpoint directory (vocabulary = its non-zero embedding rows, i.e. the ids its run
+    trained; experts under QAT, which on MXFP4 weights is the identity). ValueError for the user if neither."""
+    if not is_checkpoint_dir(source):
+        model, vocab, _, step = open_run(source, step, config)
+        return model, vocab, step
+    full = ModelConfig.from_file(config or source)
+    src, _ = load_model(source, dtype=torch.float32, progress=False)
+    rows = text_model(src).model.embed_tokens.weight.abs().sum(1).nonzero().flatten().tolist()
+    vocab = CompactVocab(rows, full.text.vocab_size)
+    model = build_model(compact_config(full, vocab))
+    init_random_(model, 0)  # every parameter is overwritten
+    import_checkpoint(model, vocab, source)
+    enable_qat(model)
+    return model, vocab, None
 
 
 @torch.no_grad()

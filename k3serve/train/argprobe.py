@@ -1,0 +1,115 @@
+"""Where tool calls go wrong: teacher-forced accuracy on the argument values of held-out tool tasks.
+
+A tool call is exactly right only if every argument value is copied whole from the request. This probe
+feeds the reference answer (teacher forcing) and asks, per argument value, whether the model's argmax
+gets its *first* token right (finding the value: the key sits ~6 tokens back, in
+``<|open|>argument key="k" type="t"<|sep|>``) and *every* token right (copying the rest of it), by
+argument index and by JSON type; a wrong first token that starts another argument's value is counted
+as taken from another key.
+
+    python -m k3serve.train.argprobe k3serve/models/weights/k3-default      # a checkpoint directory
+    python -m k3serve.train.argprobe runs/gw --step 250                      # a run's compact snapshot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from k3serve.train import tasks
+from k3serve.train.forward import train_forward
+from k3serve.train.grow import open_model
+from k3serve.train.render import encode_sample
+from k3serve.train.tok import load_tokenizer
+from k3serve.train.vocab import CompactVocab
+
+ARGUMENT = re.compile(r'argument key="([^"]*)" type="[^"]*"<\|sep\|>(.*?)<\|close\|>argument', re.S)
+
+
+@dataclass
+class ArgStats:
+    samples: int = 0
+    by_index: dict[int, list[tuple[bool, bool]]] = field(default_factory=dict)   # (first right, whole right)
+    by_type: dict[str, list[bool]] = field(default_factory=dict)
+    first_wrong: dict[str, int] = field(default_factory=lambda: {"other key": 0, "else": 0})
+
+    def add(self, index: int, kind: str, first: bool, whole: bool) -> None:
+        self.by_index.setdefault(index, []).append((first, whole))
+        self.by_type.setdefault(kind, []).append(whole)
+
+
+def value_tokens(pieces: list[str]) -> list[tuple[str, list[int]]]:
+    """(key, indices of the value's tokens) per argument, from the answer's decoded tokens."""
+    starts, pos = [], 0
+    for p in pieces:
+        starts.append(pos)
+        pos += len(p)
+    out = []
+    for m in ARGUMENT.finditer("".join(pieces)):
+        toks = [i for i, s in enumerate(starts) if m.start(2) <= s < m.end(2)]
+        if toks:
+            out.append((m.group(1), toks))
+    return out
+
+
+@torch.no_grad()
+def arg_accuracy(model: nn.Module, vocab: CompactVocab, tokenizer, n: int = 60, seed: int = 4242) -> ArgStats:
+    """Teacher-forced argument-value accuracy on ``n`` held-out single-tool tasks (those whose ids the
+    vocabulary covers)."""
+    rng, stats = random.Random(seed), ArgStats()
+    for _ in range(n):
+        s = tasks.make("tool", rng, held_out=True, thinking=rng.random() < 0.6)
+        ids, n_prompt = encode_sample(s, tokenizer)
+        if not vocab.covers(ids):
+            continue
+        x = torch.tensor(vocab.to_compact(ids))
+        pred = model.compute_logits(train_forward(model, [x]))[n_prompt - 1:-1].argmax(-1).tolist()
+        want = x[n_prompt:].tolist()
+        args = json.loads(s.target["tool_calls"][0]["function"]["arguments"])
+        stats.samples += 1
+        for i, (key, toks) in enumerate(value_tokens([tokenizer.decode([t]) for t in ids[n_prompt:]])):
+            first, whole = pred[toks[0]] == want[toks[0]], all(pred[j] == want[j] for j in toks)
+            stats.add(i, type(args.get(key)).__name__, first, whole)
+            if not first:
+                guess = tokenizer.decode([vocab.ids[pred[toks[0]]]]).strip()
+                others = [json.dumps(v).strip('"[{') for k, v in args.items() if k != key]
+                stats.first_wrong["other key" if guess and any(o.startswith(guess) for o in others) else "else"] += 1
+    return stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m k3serve.train.argprobe", description=__doc__.splitlines()[0])
+    p.add_argument("source", type=Path, help="checkpoint directory, or run directory with compact snapshots")
+    p.add_argument("--step", type=int, help="run snapshot step (default: the last)")
+    p.add_argument("--config", type=Path, help="model config (default: the checkpoint's, or the snapshot's)")
+    p.add_argument("--n", type=int, default=60, help="held-out tool tasks")
+    p.add_argument("--seed", type=int, default=4242, help="task seed (never a training seed)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    try:
+        model, vocab, step = open_model(args.source, args.step, args.config)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    st = arg_accuracy(model, vocab, load_tokenizer(), args.n, args.seed)
+    print(f"{args.source}{'' if step is None else f' step {step}'}: {st.samples} held-out tool tasks, teacher-forced argument values")
+    for i, rows in sorted(st.by_index.items()):
+        print(f"  argument {i}: n={len(rows):3d}  first token {sum(f for f, _ in rows) / len(rows):.2f}"
+              f"  whole value {sum(w for _, w in rows) / len(rows):.2f}")
+    for kind, rows in sorted(st.by_type.items()):
+        print(f"  {kind:5s} values: n={len(rows):3d}  whole value {sum(rows) / len(rows):.2f}")
+    print(f"  wrong first tokens: {st.first_wrong['other key']} start another argument's value, "
+          f"{st.first_wrong['else']} do not")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""`benchmarks/tiny_eval.py` through HTTP: a refused request is reported in one line, not a traceback."""
+
+import importlib.util
+import random
+from pathlib import Path
+
+import httpx
+import pytest
+
+from k3serve.train import tasks
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tiny_eval.py"
+
+
+@pytest.fixture(scope="module")
+def tiny_eval():
+    spec = importlib.util.spec_from_file_location("tiny_eval", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_refused_request_says_what_the_server_said(tiny_eval):
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"error": {"message": "The model `k3-default` does not exist.",
+                                                   "type": "NotFoundError", "code": 404}})
+
+    ask = tiny_eval.http_answer("http://test/v1", "k3-default", None, transport=httpx.MockTransport(refuse))
+    sample = tasks.make("json", random.Random(0), held_out=True, thinking=False)
+    with pytest.raises(tiny_eval.EvalError, match=r"HTTP 404: The model `k3-default` does not exist"):
+        ask(sample)
+
+
+def test_an_answer_is_read_from_the_first_choice(tiny_eval):
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"choices": [{"message": {"content": "{}", "tool_calls": None}}]})
+
+    ask = tiny_eval.http_answer("http://test/v1", "k3-default", None, transport=httpx.MockTransport(answer))
+    assert ask(tasks.make("json", random.Random(0), held_out=True, thinking=False)) == ("{}", [])
