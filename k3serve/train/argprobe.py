@@ -17,16 +17,14 @@ import argparse
 import json
 import random
 import re
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from k3serve.train import tasks
 from k3serve.train.forward import train_forward
-from k3serve.train.grow import open_model
+from k3serve.train.grow import add_source_arguments, open_source
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.vocab import CompactVocab
@@ -87,20 +85,16 @@ def arg_accuracy(model: nn.Module, vocab: CompactVocab, tokenizer, n: int = 60, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m k3serve.train.argprobe", description=__doc__.splitlines()[0])
-    p.add_argument("source", type=Path, help="checkpoint directory, or run directory with compact snapshots")
-    p.add_argument("--step", type=int, help="run snapshot step (default: the last)")
-    p.add_argument("--config", type=Path, help="model config (default: the checkpoint's, or the snapshot's)")
+    add_source_arguments(p)
     p.add_argument("--n", type=int, default=60, help="held-out tool tasks")
     p.add_argument("--seed", type=int, default=4242, help="task seed (never a training seed)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    try:
-        model, vocab, step = open_model(args.source, args.step, args.config)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    if (opened := open_source(args)) is None:
         return 2
+    model, vocab, label = opened
     st = arg_accuracy(model, vocab, load_tokenizer(), args.n, args.seed)
-    print(f"{args.source}{'' if step is None else f' step {step}'}: {st.samples} held-out tool tasks, teacher-forced argument values")
+    print(f"{label}: {st.samples} held-out tool tasks, teacher-forced argument values")
     for i, rows in sorted(st.by_index.items()):
         print(f"  argument {i}: n={len(rows):3d}  first token {sum(f for f, _ in rows) / len(rows):.2f}"
               f"  whole value {sum(w for _, w in rows) / len(rows):.2f}")

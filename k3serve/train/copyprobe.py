@@ -19,8 +19,6 @@ import argparse
 import copy
 import math
 import random
-import sys
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -29,7 +27,7 @@ from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.mla import MLAttention
 from k3serve.train import data
 from k3serve.train.forward import train_forward
-from k3serve.train.grow import open_model
+from k3serve.train.grow import add_source_arguments, open_source
 from k3serve.train.vocab import CompactVocab
 
 LENGTHS = (8, 24, 50, 100)
@@ -98,19 +96,14 @@ def mla_attention(model: nn.Module, vocab: CompactVocab, n: int = 30, seed: int 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m k3serve.train.copyprobe", description=__doc__.splitlines()[0])
-    p.add_argument("run", type=Path, help="run directory (compact/step_<k>.safetensors and used_ids.json), "
-                                          "or a checkpoint directory")
-    p.add_argument("--step", type=int, help="snapshot step (default: the last)")
-    p.add_argument("--config", type=Path, help="model config (default: the one recorded in the snapshot)")
+    add_source_arguments(p)
     p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="copy lengths to score")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    try:
-        model, vocab, step = open_model(args.run, args.step, args.config)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    if (opened := open_source(args)) is None:
         return 2
-    print(f"{args.run}{'' if step is None else f' step {step}'}: teacher-forced copy accuracy (w_2..w_n) by copy length n")
+    model, vocab, label = opened
+    print(f"{label}: teacher-forced copy accuracy (w_2..w_n) by copy length n")
     for label, kind in (("whole model", None), ("MLA outputs zeroed", MLAttention),
                         ("KDA outputs zeroed", KimiDeltaAttention)):
         m = model

@@ -23,7 +23,9 @@ dt_bias ``[P]``, o_norm ``[K]``, o_proj ``[d, P]``.
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -64,6 +66,24 @@ def open_model(source: Path, step: int | None = None, config: Path | None = None
     import_checkpoint(model, vocab, source)
     enable_qat(model)
     return model, vocab, None
+
+
+def add_source_arguments(p: argparse.ArgumentParser) -> None:
+    """The probes' model arguments: what ``open_source`` reads."""
+    p.add_argument("source", type=Path, help="checkpoint directory, or run directory with compact snapshots")
+    p.add_argument("--step", type=int, help="run snapshot step (default: the last)")
+    p.add_argument("--config", type=Path, help="model config (default: the checkpoint's, or the snapshot's)")
+
+
+def open_source(args: argparse.Namespace) -> tuple[nn.Module, CompactVocab, str] | None:
+    """``open_model`` for a probe's parsed arguments, with a label ("runs/x step 425") for its report; on a
+    bad source, one line on stderr and None."""
+    try:
+        model, vocab, step = open_model(args.source, args.step, args.config)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    return model, vocab, f"{args.source}" + ("" if step is None else f" step {step}")
 
 
 @torch.no_grad()
