@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.core.config import ModelConfig
+from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.models.kimi import build_model, text_model
 from k3serve.models.loader import load_model
 from k3serve.models.writer import init_random_
@@ -51,9 +51,9 @@ def is_checkpoint_dir(path: Path) -> bool:
 def open_model(source: Path, step: int | None = None, config: Path | None = None
                ) -> tuple[nn.Module, CompactVocab, int | None]:
     """A compact training model, its vocabulary and the snapshot's step (None for a checkpoint), for the
-    probes: a run's snapshot (``export.open_run``)
-    or an HF-format checkpoint directory (vocabulary = its non-zero embedding rows, i.e. the ids its run
-    trained; experts under QAT, which on MXFP4 weights is the identity). ValueError for the user if neither."""
+    probes: a run's snapshot (``export.open_run``) or an HF-format checkpoint directory (vocabulary = its
+    non-zero embedding rows, i.e. the ids its run trained; experts under QAT, which on MXFP4 weights is the
+    identity). ValueError for the user if neither."""
     if not is_checkpoint_dir(source):
         model, vocab, _, step = open_run(source, step, config)
         return model, vocab, step
@@ -63,7 +63,7 @@ def open_model(source: Path, step: int | None = None, config: Path | None = None
     vocab = CompactVocab(rows, full.text.vocab_size)
     model = build_model(compact_config(full, vocab))
     init_random_(model, 0)  # every parameter is overwritten
-    import_checkpoint(model, vocab, source)
+    import_checkpoint(model, vocab, source, loaded=src)
     enable_qat(model)
     return model, vocab, None
 
@@ -87,10 +87,12 @@ def open_source(args: argparse.Namespace) -> tuple[nn.Module, CompactVocab, str]
 
 
 @torch.no_grad()
-def import_checkpoint(model: nn.Module, vocab: CompactVocab, path: Path) -> dict[str, int]:
+def import_checkpoint(model: nn.Module, vocab: CompactVocab, path: Path, loaded: nn.Module | None = None
+                      ) -> dict[str, int]:
     """Overwrite ``model`` (freshly initialised: new KDA channels keep a scaled copy of that init) with the
-    checkpoint at ``path``; returns counts of what was copied, grown and left untrained."""
-    src, _ = load_model(path, dtype=torch.float32, progress=False)
+    checkpoint at ``path`` (or ``loaded``, that checkpoint already loaded in fp32); returns counts of what was
+    copied, grown and left untrained."""
+    src = loaded if loaded is not None else load_model(path, dtype=torch.float32, progress=False)[0]
     src_tm, dst_tm = text_model(src), text_model(model)
     counts = {"copied": 0, "grown": 0, "untrained_rows": 0}
     table = src_tm.model.embed_tokens.weight
