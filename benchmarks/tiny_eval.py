@@ -55,10 +55,24 @@ class EvalError(Exception):
     """The server refused a request: reported in one line."""
 
 
-def http_answer(base_url: str, model: str, api_key: str | None,
+def _refused(r: httpx.Response) -> EvalError:
+    try:
+        detail = r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        detail = r.text[:200]
+    return EvalError(f"the server answered HTTP {r.status_code}: {detail}")
+
+
+def http_answer(base_url: str, model: str | None, api_key: str | None,
                 transport: httpx.BaseTransport | None = None) -> Callable[[tasks.Sample], tuple[str, list]]:
+    """A function that asks the server one task; ``model`` None asks for the first model it lists."""
     client = httpx.Client(base_url=base_url, timeout=600, headers={"Authorization": f"Bearer {api_key or 'none'}"},
                           transport=transport)
+    if model is None:
+        r = client.get("/models")
+        if r.status_code != 200:
+            raise _refused(r)
+        model = r.json()["data"][0]["id"]
 
     def answer(s: tasks.Sample) -> tuple[str, list]:
         body: dict[str, Any] = {"model": model, "messages": s.messages, "temperature": 0, "max_tokens": 256,
@@ -71,11 +85,7 @@ def http_answer(base_url: str, model: str, api_key: str | None,
             body["reasoning_effort"] = s.effort
         r = client.post("/chat/completions", json=body)
         if r.status_code != 200:  # e.g. a model name the server does not serve: say what the server said
-            try:
-                detail = r.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                detail = r.text[:200]
-            raise EvalError(f"the server answered HTTP {r.status_code}: {detail}")
+            raise _refused(r)
         msg = r.json()["choices"][0]["message"]
         return msg.get("content") or "", list(msg.get("tool_calls") or [])
 
@@ -128,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--base-url", help="OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1")
     src.add_argument("--offline", help="checkpoint directory (or built-in name) to run with the naive runner")
-    p.add_argument("--model", default="default", help="model name sent to the server")
+    p.add_argument("--model", default=None, help="model name sent to the server (default: the first it lists)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--bf16", default=None, help="offline: bf16-experts twin for the agreement check")
     p.add_argument("--used-ids", default=None, help="used_ids.json of the run: report vocabulary coverage")
@@ -155,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         report["covered_prompts"] = sum(set(prompt_ids(s, tok)) <= used for s in samples) / len(samples)
     t0 = time.time()
     if args.base_url:
-        ask = http_answer(args.base_url, args.model, args.api_key)
         try:
+            ask = http_answer(args.base_url, args.model, args.api_key)
             answers = [ask(s) for s in samples]
         except (EvalError, httpx.HTTPError) as e:
             print(f"error: {e}", file=sys.stderr)

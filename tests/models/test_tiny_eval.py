@@ -1,6 +1,7 @@
 """`benchmarks/tiny_eval.py` through HTTP: a refused request is reported in one line, not a traceback."""
 
 import importlib.util
+import json
 import random
 from pathlib import Path
 
@@ -37,3 +38,17 @@ def test_an_answer_is_read_from_the_first_choice(tiny_eval):
 
     ask = tiny_eval.http_answer("http://test/v1", "k3-default", None, transport=httpx.MockTransport(answer))
     assert ask(tasks.make("json", random.Random(0), held_out=True, thinking=False)) == ("{}", [])
+
+
+def test_without_a_model_name_it_asks_for_the_first_served_model(tiny_eval):
+    sent = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "k3-default", "object": "model"}]})
+        sent.append(json.loads(request.content)["model"])
+        return httpx.Response(200, json={"choices": [{"message": {"content": "{}"}}]})
+
+    ask = tiny_eval.http_answer("http://test/v1", None, None, transport=httpx.MockTransport(serve))
+    ask(tasks.make("json", random.Random(0), held_out=True, thinking=False))
+    assert sent == ["k3-default"]
