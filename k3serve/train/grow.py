@@ -57,8 +57,8 @@ def open_model(source: Path, step: int | None = None, config: Path | None = None
     if not is_checkpoint_dir(source):
         model, vocab, _, step = open_run(source, step, config)
         return model, vocab, step
-    full = ModelConfig.from_file(config or source)
-    src, _ = load_model(source, dtype=torch.float32, progress=False)
+    src, own_config = load_model(source, dtype=torch.float32, progress=False)
+    full = ModelConfig.from_file(config) if config else own_config
     rows = text_model(src).model.embed_tokens.weight.abs().sum(1).nonzero().flatten().tolist()
     vocab = CompactVocab(rows, full.text.vocab_size)
     model = build_model(compact_config(full, vocab))
@@ -108,8 +108,8 @@ def import_checkpoint(model: nn.Module, vocab: CompactVocab, path: Path, loaded:
     growing = {n: (src_kda[n], m) for n, m in dst_tm.named_modules()
                if isinstance(m, KimiDeltaAttention) and n in src_kda and src_kda[n].head_dim != m.head_dim}
     own = dict(dst_tm.named_parameters()) | dict(dst_tm.named_buffers())
+    skip = ("embed_tokens", "lm_head", ".experts.")  # copied above
     for name, tensor in list(src_tm.named_parameters()) + list(src_tm.named_buffers()):
-        skip = ("embed_tokens", "lm_head", ".experts.")
         if any(s in name for s in skip) or name not in own or any(name.startswith(g + ".") for g in growing):
             continue
         if own[name].shape != tensor.shape:
@@ -135,9 +135,9 @@ def _grow_kda(old: KimiDeltaAttention, new: KimiDeltaAttention) -> None:
         w = by_head(getattr(new, proj).weight, Kn)
         w[:, Ko:] *= NEW_CHANNEL_SCALE
         w[:, :Ko] = by_head(getattr(old, proj).weight, Ko)
-    for part in ("q_conv1d", "k_conv1d", "v_conv1d", "g_proj", "dt_bias"):
-        dst = getattr(new, part) if part == "dt_bias" else getattr(new, part).weight
-        src = getattr(old, part) if part == "dt_bias" else getattr(old, part).weight
+    for dst, src in ((new.q_conv1d.weight, old.q_conv1d.weight), (new.k_conv1d.weight, old.k_conv1d.weight),
+                     (new.v_conv1d.weight, old.v_conv1d.weight), (new.g_proj.weight, old.g_proj.weight),
+                     (new.dt_bias, old.dt_bias)):
         by_head(dst, Kn)[:, :Ko] = by_head(src, Ko)
     new.f_a_proj.weight[:Ko] = old.f_a_proj.weight
     f_b = by_head(new.f_b_proj.weight, Kn)       # [H, Kn, Kn]: rows key channels, columns gate rank
