@@ -328,8 +328,10 @@ def test_init_options_shape_the_attention_layers():
         from k3serve.train.forward import train_forward
         train_forward(model, [x])
     diff = (heads[0] - heads[1]).abs().amax(-1)  # [N, H]
-    # head 0 reads the token before: a change at 5 shows at 5 (gate, beta) and 6 (the value), ~nothing later
-    assert diff[:5].max() == 0 and diff[6, 0] > 100 * diff[7:, 0].max()
+    # head 0 reads the token before: a change at 5 shows at 5 (gate, beta) and 6 (the value), ~nothing later.
+    # Earlier positions see it only at rounding level: the chunked form factors decays through a reference
+    # position of the (sub-)chunk, which may lie after them.
+    assert diff[:5].max() < 1e-6 and diff[6, 0] > 100 * diff[7:, 0].max()
     assert diff[8:, 1:].max() > 100 * diff[8:, 0].max()  # the other heads keep a memory
 
 
