@@ -9,9 +9,9 @@ Per chunk of C tokens and head, Gamma = in-chunk inclusive cumsum of g ``[C, K]`
   A_kk[r, j] = sum_c k_r k_j D (j < r);  A_qk[r, j] = scale sum_c q_r k_j D (j <= r)
   delta = (I + diag(beta) A_kk)^-1 diag(beta) (V - (exp(Gamma) k) S)
   O = scale (exp(Gamma) q) S + A_qk delta;   S <- exp(Gamma_C) S + (exp(Gamma_C - Gamma) k)^T delta
-The in-chunk terms are batched over all chunks; only the state hand-off loops over chunk steps.
-Each sequence is cut into its own chunks
-(no padding to the longest), and the hand-off at step n advances only sequences with an n-th chunk.
+The in-chunk terms are batched over all chunks; only the state hand-off loops over chunk steps. Each
+sequence is cut into its own chunks (no padding to the longest), and the hand-off at step n advances only
+sequences with an n-th chunk.
 """
 
 from __future__ import annotations
@@ -73,16 +73,15 @@ def _intra_blocked(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, g_min:
     for jb in range(nb):
         a, e = jb * S, (jb + 1) * S  # block jb spans [a, e); its last position e - 1 is the reference
         above = q.new_zeros(M, H, a, S)
-        if e < C:
+        col_qk, col_kk = [above, d_qk[:, :, jb]], [above, d_kk[:, :, jb]]
+        if e < C:  # rows after block jb [M, H, C - e, *]
             ref = gamma[..., e - 1 : e, :]
             cols = k[..., a:e, :] * (ref - gamma[..., a:e, :]).exp()  # [M, H, S, K]
-            later = (gamma[..., e:, :] - ref).exp()  # rows after block jb [M, H, C - e, K]
-            below_qk, below_kk = (q[..., e:, :] * later) @ cols.mT, (k[..., e:, :] * later) @ cols.mT
-            cols_qk.append(torch.cat([above, d_qk[:, :, jb], below_qk], 2))
-            cols_kk.append(torch.cat([above, d_kk[:, :, jb], below_kk], 2))
-        else:
-            cols_qk.append(torch.cat([above, d_qk[:, :, jb]], 2))
-            cols_kk.append(torch.cat([above, d_kk[:, :, jb]], 2))
+            later = (gamma[..., e:, :] - ref).exp()
+            col_qk.append((q[..., e:, :] * later) @ cols.mT)
+            col_kk.append((k[..., e:, :] * later) @ cols.mT)
+        cols_qk.append(torch.cat(col_qk, 2))
+        cols_kk.append(torch.cat(col_kk, 2))
     return torch.cat(cols_qk, 3), torch.cat(cols_kk, 3)
 
 
