@@ -1,8 +1,9 @@
 """Where tool calls go wrong: teacher-forced accuracy on the argument values of held-out tool tasks.
 
 A tool call is exactly right only if every argument value is copied whole from the request. This probe
-feeds the reference answer (teacher forcing) and asks, per argument value, whether the model's argmax
-gets its *first* token right (finding the value: the key sits ~6 tokens back, in
+feeds the reference answer (teacher forcing) and asks, per argument, whether the model's argmax gets the
+*key* right (the call follows the request's order, the declaration lists keys sorted by name), the value's
+*first* token right (finding the value: the key sits ~6 tokens back, in
 ``<|open|>argument key="k" type="t"<|sep|>``) and *every* token right (copying the rest of it), by
 argument index and by JSON type; a wrong first token that starts another argument's value is counted
 as taken from another key.
@@ -35,26 +36,27 @@ ARGUMENT = re.compile(r'argument key="([^"]*)" type="[^"]*"<\|sep\|>(.*?)<\|clos
 @dataclass
 class ArgStats:
     samples: int = 0
-    by_index: dict[int, list[tuple[bool, bool]]] = field(default_factory=dict)   # (first right, whole right)
+    by_index: dict[int, list[tuple[bool, bool, bool]]] = field(default_factory=dict)  # (key, first, whole) right
     by_type: dict[str, list[bool]] = field(default_factory=dict)
     first_wrong: dict[str, int] = field(default_factory=lambda: {"other key": 0, "else": 0})
 
-    def add(self, index: int, kind: str, first: bool, whole: bool) -> None:
-        self.by_index.setdefault(index, []).append((first, whole))
+    def add(self, index: int, kind: str, key: bool, first: bool, whole: bool) -> None:
+        self.by_index.setdefault(index, []).append((key, first, whole))
         self.by_type.setdefault(kind, []).append(whole)
 
 
-def value_tokens(pieces: list[str]) -> list[tuple[str, list[int]]]:
-    """(key, indices of the value's tokens) per argument, from the answer's decoded tokens."""
+def argument_tokens(pieces: list[str]) -> list[tuple[str, list[int], list[int]]]:
+    """(key, indices of the key's tokens, indices of the value's tokens) per argument, from the answer's
+    decoded tokens."""
     starts, pos = [], 0
     for p in pieces:
         starts.append(pos)
         pos += len(p)
     out = []
     for m in ARGUMENT.finditer("".join(pieces)):
-        toks = [i for i, s in enumerate(starts) if m.start(2) <= s < m.end(2)]
-        if toks:
-            out.append((m.group(1), toks))
+        key, value = ([i for i, s in enumerate(starts) if m.start(g) <= s < m.end(g)] for g in (1, 2))
+        if key and value:
+            out.append((m.group(1), key, value))
     return out
 
 
@@ -73,9 +75,9 @@ def arg_accuracy(model: nn.Module, vocab: CompactVocab, tokenizer, n: int = 60, 
         want = x[n_prompt:].tolist()
         args = json.loads(s.target["tool_calls"][0]["function"]["arguments"])
         stats.samples += 1
-        for i, (key, toks) in enumerate(value_tokens([tokenizer.decode([t]) for t in ids[n_prompt:]])):
+        for i, (key, key_toks, toks) in enumerate(argument_tokens([tokenizer.decode([t]) for t in ids[n_prompt:]])):
             first, whole = pred[toks[0]] == want[toks[0]], all(pred[j] == want[j] for j in toks)
-            stats.add(i, type(args.get(key)).__name__, first, whole)
+            stats.add(i, type(args.get(key)).__name__, all(pred[j] == want[j] for j in key_toks), first, whole)
             if not first:
                 guess = tokenizer.decode([vocab.ids[pred[toks[0]]]]).strip()
                 others = [json.dumps(v).strip('"[{') for k, v in args.items() if k != key]
@@ -94,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model, vocab, label = opened
     st = arg_accuracy(model, vocab, load_tokenizer(), args.n, args.seed)
-    print(f"{label}: {st.samples} held-out tool tasks, teacher-forced argument values")
+    print(f"{label}: {st.samples} held-out tool tasks, teacher-forced arguments")
     for i, rows in sorted(st.by_index.items()):
-        print(f"  argument {i}: n={len(rows):3d}  first token {sum(f for f, _ in rows) / len(rows):.2f}"
-              f"  whole value {sum(w for _, w in rows) / len(rows):.2f}")
+        key, first, whole = (sum(r[c] for r in rows) / len(rows) for c in range(3))
+        print(f"  argument {i}: n={len(rows):3d}  key {key:.2f}  first token {first:.2f}  whole value {whole:.2f}")
     for kind, rows in sorted(st.by_type.items()):
         print(f"  {kind:5s} values: n={len(rows):3d}  whole value {sum(rows) / len(rows):.2f}")
     print(f"  wrong first tokens: {st.first_wrong['other key']} start another argument's value, "

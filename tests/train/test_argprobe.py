@@ -21,11 +21,11 @@ from k3serve.train.train import DEFAULT_CONFIG
 from k3serve.train.vocab import CompactVocab
 
 
-def test_value_tokens_cover_each_argument_value_exactly():
+def test_argument_tokens_cover_each_key_and_value_exactly():
     pieces = ['<|open|>', 'argument', ' key', '="', 'city', '"', ' type', '="', 'string', '"', '<|sep|>', 'Par', 'is',
               '<|close|>', 'argument', '<|sep|>', '<|open|>', 'argument', ' key', '="', 'n', '"', ' type', '="',
               'integer', '"', '<|sep|>', '42', '<|close|>', 'argument']
-    assert argprobe.value_tokens(pieces) == [("city", [11, 12]), ("n", [27])]
+    assert argprobe.argument_tokens(pieces) == [("city", [4], [11, 12]), ("n", [20], [27])]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_scores_follow_the_model_argmax(exported, monkeypatch):
     model, vocab, _, tok = exported
     untrained = argprobe.arg_accuracy(model, vocab, tok, n=6)
     assert untrained.samples == 6
-    whole = [w for rows in untrained.by_index.values() for _, w in rows]
+    whole = [w for rows in untrained.by_index.values() for _, _, w in rows]
     assert whole and not any(whole)  # a random model copies no value whole
 
     # a model that always predicts the reference answer gets every value right
@@ -72,7 +72,7 @@ def test_scores_follow_the_model_argmax(exported, monkeypatch):
     monkeypatch.setattr(argprobe, "train_forward", perfect)
     monkeypatch.setattr(model, "compute_logits", logits)
     oracle = argprobe.arg_accuracy(model, vocab, tok, n=6)
-    assert all(f and w for rows in oracle.by_index.values() for f, w in rows)
+    assert all(all(row) for rows in oracle.by_index.values() for row in rows)
     assert oracle.first_wrong == {"other key": 0, "else": 0}
 
 
