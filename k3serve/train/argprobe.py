@@ -75,9 +75,12 @@ def arg_accuracy(model: nn.Module, vocab: CompactVocab, tokenizer, n: int = 60, 
         want = x[n_prompt:].tolist()
         args = json.loads(s.target["tool_calls"][0]["function"]["arguments"])
         stats.samples += 1
+        def right(toks: list[int]) -> bool:
+            return all(pred[j] == want[j] for j in toks)
+
         for i, (key, key_toks, toks) in enumerate(argument_tokens([tokenizer.decode([t]) for t in ids[n_prompt:]])):
-            first, whole = pred[toks[0]] == want[toks[0]], all(pred[j] == want[j] for j in toks)
-            stats.add(i, type(args.get(key)).__name__, all(pred[j] == want[j] for j in key_toks), first, whole)
+            first = right(toks[:1])
+            stats.add(i, type(args.get(key)).__name__, right(key_toks), first, right(toks))
             if not first:
                 guess = tokenizer.decode([vocab.ids[pred[toks[0]]]]).strip()
                 others = [json.dumps(v).strip('"[{') for k, v in args.items() if k != key]
