@@ -56,10 +56,31 @@ def ramp_done(progress: float) -> float:
     return min(1.0, max(0.0, progress / RAMP[1]))
 
 
-def recall_weight(progress: float) -> float:
-    """MIX weight of recall: constant token share once lists are longer than ``RECALL_REF`` records."""
+def recall_weight(progress: float, base: float = MIX["recall"]) -> float:
+    """Mix weight of recall (``base`` for short lists): constant token share once lists are longer than
+    ``RECALL_REF`` records."""
     lo, hi = recall_range(progress)
-    return MIX["recall"] * min(1.0, RECALL_REF / ((lo + hi) / 2))
+    return base * min(1.0, RECALL_REF / ((lo + hi) / 2))
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """``MIX`` with some weights replaced: ``"recall=0,choose=0.3"`` ("" keeps ``MIX``). Weights are
+    relative (they need not sum to 1); at least one must stay positive."""
+    mix = dict(MIX)
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, eq, value = part.partition("=")
+        if not eq or kind.strip() not in MIX:
+            raise ValueError(f"task mix entries are kind=weight with kind one of {', '.join(MIX)}; got {part!r}")
+        try:
+            weight = float(value)
+        except ValueError:
+            raise ValueError(f"task mix weight of {kind.strip()!r} is not a number: {value!r}") from None
+        if not weight >= 0.0 or weight == float("inf"):
+            raise ValueError(f"task mix weight of {kind.strip()!r} must be finite and >= 0, got {value!r}")
+        mix[kind.strip()] = weight
+    if not any(mix.values()):
+        raise ValueError("task mix: at least one weight must be positive")
+    return mix
 
 
 @dataclass(frozen=True)
@@ -94,13 +115,13 @@ class CopyWarmup:
 
 
 def sample_kind(rng: random.Random, copy_share: float = 0.0, lookup: float = 0.0, recall: float = 0.0,
-                progress: float = 0.0, induce: float = 0.0) -> str:
+                progress: float = 0.0, induce: float = 0.0, mix: dict[str, float] = MIX) -> str:
     if copy_share and rng.random() < copy_share:
         r = rng.random()
         return ("lookup" if r < lookup else "recall" if r < lookup + recall
                 else "induce" if r < lookup + recall + induce else "copy")
-    weights = [recall_weight(progress) if k == "recall" else w for k, w in MIX.items()]
-    return rng.choices(list(MIX), weights=weights)[0]
+    weights = [recall_weight(progress, w) if k == "recall" else w for k, w in mix.items()]
+    return rng.choices(list(mix), weights=weights)[0]
 
 
 # Warm-up samples are short and without a system prompt: on the real format, copying formed within ~400
@@ -187,14 +208,14 @@ def with_history(rng: random.Random, s: tasks.Sample, turns: int) -> tasks.Sampl
 
 
 def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = CopyWarmup(),
-         history: float = 0.0, pool: Sequence[int] = ()) -> Encoded:
-    """One encoded sample; a ``history`` fraction of them (not recall lists) after 1-3 earlier exchanges
+         history: float = 0.0, pool: Sequence[int] = (), mix: dict[str, float] = MIX) -> Encoded:
+    """One encoded sample, of a kind drawn from ``mix`` outside the warm-up; a ``history`` fraction of them (not recall lists) after 1-3 earlier exchanges
     (no random draw for it when 0, so runs without it draw exactly what they drew before). ``induce``
     samples draw their tokens from ``pool``."""
     if progress < warmup.induce_until:
         kind = "induce"
     else:
-        kind = sample_kind(rng, warmup.at(progress), warmup.lookup, warmup.recall, progress, warmup.induce)
+        kind = sample_kind(rng, warmup.at(progress), warmup.lookup, warmup.recall, progress, warmup.induce, mix)
     if kind == "induce":
         if not pool:
             raise ValueError("induce samples need a token pool")
@@ -237,7 +258,8 @@ def token_pool(vocab: CompactVocab) -> list[int]:
 
 def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
             stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup(),
-            progress_from: float = 0.0, history: float = 0.0) -> Iterator[list[Encoded]]:
+            progress_from: float = 0.0, history: float = 0.0, mix: dict[str, float] = MIX
+            ) -> Iterator[list[Encoded]]:
     """``steps`` batches of fresh samples, deterministic in ``seed``; never cut a sample. The curriculum runs
     from ``progress_from`` to 1 over the steps (a run that continues another starts where that one ended)."""
     rng = random.Random(seed)
@@ -248,7 +270,7 @@ def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per
         used = 0
         while True:
             e = pending or draw(rng, tokenizer, progress_from + (1.0 - progress_from) * step / steps, warmup,
-                                history, pool)
+                                history, pool, mix)
             pending = None
             if not vocab.covers(e.ids):
                 if stats is not None:
@@ -273,13 +295,14 @@ def _produce(queue, vocab_ids: list[int], full_size: int, kwargs: dict) -> None:
 
 def prefetched(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
                stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup(),
-               progress_from: float = 0.0, history: float = 0.0, depth: int = 16) -> Iterator[list[Encoded]]:
+               progress_from: float = 0.0, history: float = 0.0, mix: dict[str, float] = MIX, depth: int = 16
+               ) -> Iterator[list[Encoded]]:
     """``batches`` drawn in a helper process, up to ``depth`` ahead: the same batches in the same order.
     ``tokenizer`` is unused (the helper loads its own: the native one does not cross processes)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue(maxsize=depth)
     kwargs = {"seed": seed, "steps": steps, "tokens_per_step": tokens_per_step, "warmup": warmup,
-              "progress_from": progress_from, "history": history}
+              "progress_from": progress_from, "history": history, "mix": mix}
     proc = ctx.Process(target=_produce, args=(queue, vocab.ids, vocab.full_size, kwargs), daemon=True)
     proc.start()
     try:

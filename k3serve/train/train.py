@@ -76,6 +76,7 @@ class TrainConfig:
     assoc_frac: float = 0.0
     induce_long: int = 0
     history_frac: float = 0.0
+    mix: str = ""
     embed_std: float = 1.0
     mla_init_std: float = 0.0
     prev_token_init: int = 0
@@ -99,6 +100,11 @@ class TrainConfig:
         if self.device != "cpu" and self.workers != 1:
             raise ValueError("a GPU run uses one process (--workers 1)")
         self.copy_warmup  # validates
+        self.task_mix  # validates
+
+    @property
+    def task_mix(self) -> dict[str, float]:
+        return data.parse_mix(self.mix)
 
     @property
     def copy_warmup(self) -> data.CopyWarmup:
@@ -213,7 +219,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     draw = data.batches if cfg.device == "cpu" else data.prefetched
     stream = draw(tokenizer, vocab, seed=cfg.seed + 2 + 1000 * rank, steps=cfg.steps,
                   tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=cfg.copy_warmup,
-                  progress_from=cfg.progress_from, history=cfg.history_frac)
+                  progress_from=cfg.progress_from, history=cfg.history_frac, mix=cfg.task_mix)
     probe = next(data.batches(tokenizer, vocab, seed=cfg.seed + 3, steps=1, tokens_per_step=cfg.tokens_per_step))
     for step, batch in enumerate(stream):
         if step == qat_step:
@@ -284,6 +290,9 @@ HELP = {
     "assoc_frac": "fraction of the synthetic samples that are associative recall (keyed values asked back) instead of copies",
     "induce_long": "synthetic copies lengthen with the recall lists up to this many tokens (0: 4-24 throughout)",
     "history_frac": "fraction of the samples (not recall lists) with 1-3 earlier short exchanges in front",
+    "mix": "task weights after the warm-up, replacing the defaults' (recall grows cheaper per sample as its "
+           "lists lengthen): e.g. recall=0,choose=0.3; defaults: "
+           + ",".join(f"{k}={v}" for k, v in data.MIX.items()),
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
     "prev_token_init": "start head 0 of this many leading KDA layers as a previous-token head (0: none)",
     "mla_init_std": "std of the initial MLA q_b/kv_a/kv_b/o projections (0: the writer's flat 0.02)",

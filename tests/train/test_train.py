@@ -214,6 +214,31 @@ def test_batches_are_deterministic_and_follow_the_curriculum():
     assert max(shares) <= data.MIX["recall"] * data.RECALL_REF * 1.001
 
 
+def test_task_mix_replaces_the_default_weights():
+    from k3serve.train import data
+
+    assert data.parse_mix("") == data.MIX
+    mix = data.parse_mix(" recall=0, choose=0.5 ")
+    assert mix == {**data.MIX, "recall": 0.0, "choose": 0.5}
+    for bad, msg in (("recal=0", "kind=weight"), ("recall", "kind=weight"), ("tool=x", "not a number"),
+                     ("tool=-1", ">= 0"), ("tool=nan", ">= 0"), ("tool=inf", ">= 0"),
+                     (",".join(f"{k}=0" for k in data.MIX), "positive")):
+        with pytest.raises(ValueError, match=msg):
+            data.parse_mix(bad)
+    with pytest.raises(ValueError, match="kind=weight"):
+        TrainConfig(out=".", mix="foo=1")
+    # outside the warm-up the kinds follow the mix: a zero weight is never drawn, a larger one more often
+    rng = random.Random(0)
+    drawn = [data.sample_kind(rng, progress=0.9, mix=mix) for _ in range(3000)]
+    assert "recall" not in drawn and set(drawn) == set(data.MIX) - {"recall"}
+    assert drawn.count("choose") > 1.5 * drawn.count("tool")
+    tok = load_tokenizer()
+    vocab = CompactVocab(data.inventory(tok, seed=1, per_kind=30), 163840)
+    stream = data.batches(tok, vocab, seed=3, steps=3, tokens_per_step=3000, progress_from=1.0,
+                          mix=data.parse_mix("tool=0,choose=0,decline=0,json=0,followup=0"))
+    assert {e.kind for b in stream for e in b} == {"recall"}
+
+
 def test_keep_freed_memory_applies_on_glibc_in_a_child():
     """The training processes' allocator settings apply on Linux/glibc (checked in a child process, so the
     test process keeps its own allocator behaviour)."""
@@ -235,7 +260,7 @@ def test_train_cli_explains_every_flag_and_rejects_bad_values_in_one_line(capsys
     for f in dataclasses.fields(TrainConfig):
         assert "--" + f.name.replace("_", "-") in text
     assert set(train_mod.HELP) == {f.name for f in dataclasses.fields(TrainConfig)} - {"out"}
-    for bad in (["--steps", "0"], ["--device", "tpu"], ["--qat-from", "2"]):
+    for bad in (["--steps", "0"], ["--device", "tpu"], ["--qat-from", "2"], ["--mix", "recal=0"]):
         with pytest.raises(SystemExit) as e:
             train_mod.main(["--out", "unused", *bad])
         assert e.value.code == 2
