@@ -243,14 +243,27 @@ def make_copy(rng: random.Random, held_out: bool, thinking: bool, items: tuple[i
 
 
 def make_lookup(rng: random.Random, held_out: bool, thinking: bool, pairs: tuple[int, int] = (2, 6)) -> Sample:
-    """Read one value back from a short ``key value; ...`` list: the lookup that tool arguments, JSON fields
-    and follow-ups make (find the key in the request, copy what follows it), without their format."""
+    """Read values back from a short ``key value; ...`` list: the lookup that tool arguments, JSON fields
+    and follow-ups make (find the key in the request, copy what follows it), without their format.
+
+    Half ask one key as a word (``What is the height?``, answered by the value). The other half name 1-3
+    keys in quotes, in an order of their own, and are answered as the argument object
+    (``{"width": "ability", "height": "x"}``): a quoted key is the token a call writes (``height``), not
+    the request's (`` height``), so these teach matching the two forms and finding a value by its key
+    rather than by its place in the list (wk3's calls mostly went wrong by taking a neighbour's value)."""
     schema, values, mentions = make_schema(rng, rng.randint(*pairs))
     mentions = [(k, v) for k, v in mentions if not isinstance(values[k], dict)] or mentions[-1:]
-    key, written = rng.choice(mentions)
-    user = f"Values: {_mention_text(rng, mentions)}. What is the {key}?"
-    target = {"role": "assistant", "content": written, "reasoning_content": f"I need the {key}." if thinking else None}
-    return Sample("lookup", [{"role": "user", "content": user}], target, {"text": written}, None, thinking,
+    listed = f"Values: {_mention_text(rng, mentions)}."
+    if rng.random() < 0.5:
+        key, written = rng.choice(mentions)
+        user, content, why = f"{listed} What is the {key}?", written, f"I need the {key}."
+    else:
+        asked = [k for k, _ in rng.sample(mentions, rng.randint(1, min(3, len(mentions))))]
+        content = TOOL_DUMPS({k: values[k] for k in asked})
+        user = f"{listed} Give {', '.join(TOOL_DUMPS(k) for k in asked)} as an object."
+        why = f"I need {len(asked)} values."
+    target = {"role": "assistant", "content": content, "reasoning_content": why if thinking else None}
+    return Sample("lookup", [{"role": "user", "content": user}], target, {"text": content}, None, thinking,
                   _effort(rng, thinking))
 
 

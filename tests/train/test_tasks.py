@@ -109,12 +109,27 @@ def test_lexicon_words_are_single_tokens_and_recall_never_repeats_a_word(tok):
 
 
 def test_lookup_answer_is_the_value_written_after_its_key():
+    import json
+
     rng = random.Random(8)
-    for _ in range(50):
+    forms = set()
+    for _ in range(60):
         s = tasks.make("lookup", rng)
         user, answer = s.messages[0]["content"], s.target["content"]
-        key = user.rsplit("What is the ", 1)[1][:-1]
-        assert f"{key} {answer}" in user and s.expected["text"] == answer
+        assert s.expected["text"] == answer
+        if "What is the " in user:
+            forms.add("word")
+            key = user.rsplit("What is the ", 1)[1][:-1]
+            assert f"{key} {answer}" in user
+            continue
+        # keys asked in quotes, answered as an object in the asked order, each value as written after its key
+        forms.add("object")
+        asked = json.loads("[" + user.rsplit(" Give ", 1)[1].removesuffix(" as an object.") + "]")
+        got = json.loads(answer)
+        assert list(got) == asked and 1 <= len(asked) <= 3
+        for key, value in got.items():
+            assert f"{key} {json.dumps(value, ensure_ascii=False)}" in user
+    assert forms == {"word", "object"}
 
 
 def test_json_tasks_use_strict_closed_schemas():
