@@ -90,7 +90,8 @@ class CopyWarmup:
     curriculum has them then, an ``induce`` fraction synthetic token copies (``induce_sample``), the rest
     plain copies. Before ``induce_until`` every sample is a synthetic copy. An ``assoc`` fraction of the
     synthetic samples are associative recall (``assoc_sample``) rather than copies; with ``induce_long``
-    the copies lengthen with the recall lists up to that many tokens (``induce_items``)."""
+    the copies lengthen with the recall lists up to that many tokens (``induce_items``). A ``lookup_objects``
+    fraction of the lookups ask keys in quotes and are answered as an object (``tasks.make_lookup``)."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
@@ -100,9 +101,11 @@ class CopyWarmup:
     induce_until: float = 0.0
     assoc: float = 0.0
     induce_long: int = 0
+    lookup_objects: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("share", "until", "after", "lookup", "recall", "induce", "induce_until", "assoc"):
+        for name in ("share", "until", "after", "lookup", "recall", "induce", "induce_until", "assoc",
+                     "lookup_objects"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"copy warm-up {name} must be in [0, 1]")
         if self.induce_long < 0:
@@ -223,6 +226,8 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
             return assoc_sample(rng, pool, rng.randint(*assoc_pairs(progress)))
         return induce_sample(rng, pool, induce_items(progress, warmup.induce_long))
     kwargs = {"records": rng.randint(*recall_range(progress))} if kind == "recall" else {}
+    if kind == "lookup" and warmup.lookup_objects:
+        kwargs["objects"] = warmup.lookup_objects
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
     s = tasks.make(kind, rng, held_out=False, **kwargs)

@@ -242,19 +242,21 @@ def make_copy(rng: random.Random, held_out: bool, thinking: bool, items: tuple[i
                   _effort(rng, thinking))
 
 
-def make_lookup(rng: random.Random, held_out: bool, thinking: bool, pairs: tuple[int, int] = (2, 6)) -> Sample:
+def make_lookup(rng: random.Random, held_out: bool, thinking: bool, pairs: tuple[int, int] = (2, 6),
+                objects: float = 0.0) -> Sample:
     """Read values back from a short ``key value; ...`` list: the lookup that tool arguments, JSON fields
     and follow-ups make (find the key in the request, copy what follows it), without their format.
 
-    Half ask one key as a word (``What is the height?``, answered by the value). The other half name 1-3
-    keys in quotes, in an order of their own, and are answered as the argument object
+    Most ask one key as a word (``What is the height?``, answered by the value). An ``objects`` fraction
+    name 1-3 keys in quotes, in an order of their own, and are answered as the argument object
     (``{"width": "ability", "height": "x"}``): a quoted key is the token a call writes (``height``), not
     the request's (`` height``), so these teach matching the two forms and finding a value by its key
-    rather than by its place in the list (wk3's calls mostly went wrong by taking a neighbour's value)."""
+    rather than by its place in the list (wk3's calls mostly went wrong by taking a neighbour's value).
+    With ``objects`` 0 no extra random draw is made: the samples of the runs before it."""
     schema, values, mentions = make_schema(rng, rng.randint(*pairs))
     mentions = [(k, v) for k, v in mentions if not isinstance(values[k], dict)] or mentions[-1:]
     listed = f"Values: {_mention_text(rng, mentions)}."
-    if rng.random() < 0.5:
+    if not (objects and rng.random() < objects):
         key, written = rng.choice(mentions)
         user, content, why = f"{listed} What is the {key}?", written, f"I need the {key}."
     else:

@@ -76,6 +76,7 @@ class TrainConfig:
     assoc_frac: float = 0.0
     induce_long: int = 0
     history_frac: float = 0.0
+    lookup_objects: float = 0.0
     mix: str = ""
     embed_std: float = 1.0
     mla_init_std: float = 0.0
@@ -110,7 +111,7 @@ class TrainConfig:
     def copy_warmup(self) -> data.CopyWarmup:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
                               self.recall_frac, self.induce_frac, self.induce_until, self.assoc_frac,
-                              self.induce_long)
+                              self.induce_long, self.lookup_objects)
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -290,6 +291,8 @@ HELP = {
     "assoc_frac": "fraction of the synthetic samples that are associative recall (keyed values asked back) instead of copies",
     "induce_long": "synthetic copies lengthen with the recall lists up to this many tokens (0: 4-24 throughout)",
     "history_frac": "fraction of the samples (not recall lists) with 1-3 earlier short exchanges in front",
+    "lookup_objects": "fraction of the lookups that ask keys in quotes and are answered as an object (the "
+                      "call's key tokens; run wk5: 0.5)",
     "mix": "task weights after the warm-up, replacing the defaults' (recall grows cheaper per sample as its "
            "lists lengthen): e.g. recall=0,choose=0.3; defaults: "
            + ",".join(f"{k}={v}" for k, v in data.MIX.items()),

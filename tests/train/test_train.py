@@ -151,6 +151,8 @@ def test_config_validation():
         TrainConfig(out=".", progress_from=1.5)
     with pytest.raises(ValueError, match="copy warm-up share"):
         TrainConfig(out=".", copy_share=1.5)
+    with pytest.raises(ValueError, match="lookup_objects"):
+        TrainConfig(out=".", lookup_objects=2.0)
 
 
 def test_copy_warmup_schedule():
