@@ -212,9 +212,9 @@ def with_history(rng: random.Random, s: tasks.Sample, turns: int) -> tasks.Sampl
 
 def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = CopyWarmup(),
          history: float = 0.0, pool: Sequence[int] = (), mix: dict[str, float] = MIX) -> Encoded:
-    """One encoded sample, of a kind drawn from ``mix`` outside the warm-up; a ``history`` fraction of them (not recall lists) after 1-3 earlier exchanges
-    (no random draw for it when 0, so runs without it draw exactly what they drew before). ``induce``
-    samples draw their tokens from ``pool``."""
+    """One encoded sample, of a kind drawn from ``mix`` outside the warm-up; a ``history`` fraction of them
+    (not recall lists) after 1-3 earlier exchanges (no random draw for it when 0, so runs without it draw
+    exactly what they drew before). ``induce`` samples draw their tokens from ``pool``."""
     if progress < warmup.induce_until:
         kind = "induce"
     else:
