@@ -21,6 +21,7 @@ teach finding a value by its key in contexts as long as the recall lists (run a1
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import random
 from collections.abc import Iterator, Sequence
@@ -68,16 +69,16 @@ def parse_mix(text: str) -> dict[str, float]:
     relative (they need not sum to 1); at least one must stay positive."""
     mix = dict(MIX)
     for part in filter(None, (p.strip() for p in text.split(","))):
-        kind, eq, value = part.partition("=")
-        if not eq or kind.strip() not in MIX:
+        kind, eq, value = (x.strip() for x in part.partition("="))
+        if not eq or kind not in MIX:
             raise ValueError(f"task mix entries are kind=weight with kind one of {', '.join(MIX)}; got {part!r}")
         try:
             weight = float(value)
         except ValueError:
-            raise ValueError(f"task mix weight of {kind.strip()!r} is not a number: {value!r}") from None
-        if not weight >= 0.0 or weight == float("inf"):
-            raise ValueError(f"task mix weight of {kind.strip()!r} must be finite and >= 0, got {value!r}")
-        mix[kind.strip()] = weight
+            raise ValueError(f"task mix weight of {kind!r} is not a number: {value!r}") from None
+        if not (math.isfinite(weight) and weight >= 0.0):
+            raise ValueError(f"task mix weight of {kind!r} must be finite and >= 0, got {value!r}")
+        mix[kind] = weight
     if not any(mix.values()):
         raise ValueError("task mix: at least one weight must be positive")
     return mix
