@@ -293,8 +293,8 @@ HELP = {
     "history_frac": "fraction of the samples (not recall lists) with 1-3 earlier short exchanges in front",
     "lookup_objects": "fraction of the lookups that ask keys in quotes and are answered as an object (the "
                       "call's key tokens; run wk5: 0.5)",
-    "mix": "task weights after the warm-up, replacing the defaults' (recall grows cheaper per sample as its "
-           "lists lengthen): e.g. recall=0,choose=0.3; defaults: "
+    "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "
+           "lengthen, to keep its token share): e.g. recall=0,choose=0.3; defaults: "
            + ",".join(f"{k}={v}" for k, v in data.MIX.items()),
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
     "prev_token_init": "start head 0 of this many leading KDA layers as a previous-token head (0: none)",
