@@ -36,17 +36,19 @@ from k3serve.train.tok import load_tokenizer
 
 TARGETS = {"tool": 0.9, "decline": 0.9, "json": 0.9, "json_valid": 1.0, "recall": 0.95}
 RECALL_RECORDS = 150  # ~2.1k tokens of context
+FORM = "inline"  # how requests write their values (tasks.FORMS): the form the shipped model was trained on
 
 
-def make_tasks(n: int, seed: int, strict_tools: bool = False) -> list[tasks.Sample]:
+def make_tasks(n: int, seed: int, strict_tools: bool = False, form: str = FORM) -> list[tasks.Sample]:
     """``n`` held-out tasks per kind; thinking on for most, as the server's K3 default is. ``strict_tools``
-    declares every tool strict (the same tasks otherwise: the draws do not depend on it)."""
+    declares every tool strict (the same tasks otherwise: the draws do not depend on it); requests write
+    their values in ``form``."""
     rng = random.Random(seed)
     out = []
     for kind in tasks.KINDS:
         for _ in range(n):
             kwargs = {"records": RECALL_RECORDS} if kind == "recall" else {}
-            s = tasks.make(kind, rng, held_out=True, **kwargs)
+            s = tasks.make(kind, rng, held_out=True, form=form, **kwargs)
             out.append(tasks.strict(s) if strict_tools else s)
     return out
 
@@ -150,15 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strict-tools", action="store_true",
                    help="declare every tool strict (OpenAI `strict: true`, closed schemas): the server then "
                         "constrains calls to the declared tools and their schemas")
+    p.add_argument("--form", choices=tasks.FORMS, default=FORM,
+                   help="how requests write the values to use: inline ('city \"Paris\"; unit ...') or lines "
+                        "(one 'city: \"Paris\"' per line); the default is the shipped model's training form")
     p.add_argument("--show", type=int, default=0, help="offline: print the raw output of this many tasks per kind")
     args = p.parse_args(argv)
     if args.n < 1:
         print("--n must be >= 1", file=sys.stderr)
         return 2
     tok = load_tokenizer()
-    samples = make_tasks(args.n, args.seed, args.strict_tools)
+    samples = make_tasks(args.n, args.seed, args.strict_tools, args.form)
     lens = [len(prompt_ids(s, tok)) for s in samples if s.kind == "recall"]
     report: dict[str, Any] = {"n_per_kind": args.n, "seed": args.seed, "strict_tools": args.strict_tools,
+                              "form": args.form,
                               "recall_prompt_tokens": [min(lens), max(lens)]}
     if args.used_ids:
         used = set(json.loads(open(args.used_ids).read()))

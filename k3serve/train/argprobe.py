@@ -61,12 +61,13 @@ def argument_tokens(pieces: list[str]) -> list[tuple[str, list[int], list[int]]]
 
 
 @torch.no_grad()
-def arg_accuracy(model: nn.Module, vocab: CompactVocab, tokenizer, n: int = 60, seed: int = 4242) -> ArgStats:
+def arg_accuracy(model: nn.Module, vocab: CompactVocab, tokenizer, n: int = 60, seed: int = 4242,
+                 form: str = "inline") -> ArgStats:
     """Teacher-forced argument-value accuracy on ``n`` held-out single-tool tasks (those whose ids the
-    vocabulary covers)."""
+    vocabulary covers), requests in ``form``."""
     rng, stats = random.Random(seed), ArgStats()
     for _ in range(n):
-        s = tasks.make("tool", rng, held_out=True, thinking=rng.random() < 0.6)
+        s = tasks.make("tool", rng, held_out=True, thinking=rng.random() < 0.6, form=form)
         ids, n_prompt = encode_sample(s, tokenizer)
         if not vocab.covers(ids):
             continue
@@ -93,12 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     add_source_arguments(p)
     p.add_argument("--n", type=int, default=60, help="held-out tool tasks")
     p.add_argument("--seed", type=int, default=4242, help="task seed (never a training seed)")
+    p.add_argument("--form", choices=tasks.FORMS, default="inline", help="how requests write their values "
+                   "(the form the model was trained on: --request-form of its run)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if (opened := open_source(args)) is None:
         return 2
     model, vocab, label = opened
-    st = arg_accuracy(model, vocab, load_tokenizer(), args.n, args.seed)
+    st = arg_accuracy(model, vocab, load_tokenizer(), args.n, args.seed, args.form)
     print(f"{label}: {st.samples} held-out tool tasks, teacher-forced arguments")
     for i, rows in sorted(st.by_index.items()):
         key, first, whole = (sum(r[c] for r in rows) / len(rows) for c in range(3))

@@ -21,6 +21,11 @@ KINDS = ("tool", "choose", "decline", "json", "recall", "followup")
 # training-only: plain copying, and key -> value lookup (find a key, read what follows it); every task needs both
 WARMUP_KINDS = ("copy", "lookup")
 EFFORTS = ("max", "max", "max", "high", "low")  # the K3 efforts, the server default (max) most often
+# How a request writes the values to use: "inline" (``city "Paris"; unit "metric"``) or "lines" (one
+# ``city: "Paris"`` per line). A key at a line's start is the very token a call or JSON answer writes
+# (``city``), where inline it carries a space (`` city``, another id): with lines every argument is a copy.
+FORMS = ("inline", "lines")
+FORM_KINDS = ("tool", "choose", "decline", "json", "followup", "lookup")  # the kinds that write values
 
 
 @dataclass(frozen=True)
@@ -93,14 +98,19 @@ def _tool(name: str, verb: str, obj: str, params: dict[str, Any]) -> dict[str, A
     return {"type": "function", "function": {"name": name, "description": desc, "parameters": params}}
 
 
-def _mention_text(rng: random.Random, mentions: list[tuple[str, str]]) -> str:
+def _mention_text(mentions: list[tuple[str, str]], form: str) -> str:
     # In the schema's order, which is the answer's order: the next key is then the one after the current
     # key in the request (a shuffled order made the model track which keys it had already written).
+    if form == "lines":
+        return "\n".join(f"{k}: {v}" for k, v in mentions)
     return "; ".join(f"{k} {v}" for k, v in mentions)
 
 
-def _request(rng: random.Random, verb: str, obj: str, mentions: list[tuple[str, str]]) -> str:
-    m = _mention_text(rng, mentions)
+def _request(rng: random.Random, verb: str, obj: str, mentions: list[tuple[str, str]], form: str) -> str:
+    m = _mention_text(mentions, form)
+    if form == "lines":
+        return rng.choice((f"Please {verb} the {obj} with:\n{m}", f"I need you to {verb} the {obj}. Use:\n{m}",
+                           f"{verb.capitalize()} the {obj}:\n{m}", f"Can you {verb} the {obj}?\n{m}"))
     return rng.choice((f"Please {verb} the {obj} with {m}.", f"I need you to {verb} the {obj}. Use {m}.",
                        f"{verb.capitalize()} the {obj}: {m}.", f"Can you {verb} the {obj}? {m}."))
 
@@ -130,7 +140,8 @@ def _call(name: str, args: dict[str, Any], k: int = 1) -> dict[str, Any]:
     return {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
 
-def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int | None = None) -> Sample:
+def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int | None = None,
+              form: str = "inline") -> Sample:
     n = n_tools if n_tools is not None else 1
     tools = _toolset(rng, held_out, n)
     schemas = [make_schema(rng, rng.randint(1, 4)) for _ in tools]
@@ -140,15 +151,15 @@ def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int |
     decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
     reasoning = f"The user wants to {verb} the {obj}. The tool {name} does that." if thinking else None
     target = {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [_call(name, values)]}
-    return Sample("tool" if n == 1 else "choose", [{"role": "user", "content": _request(rng, verb, obj, mentions)}],
+    return Sample("tool" if n == 1 else "choose", [{"role": "user", "content": _request(rng, verb, obj, mentions, form)}],
                   target, {"tool": name, "arguments": values}, decl, thinking, _effort(rng, thinking))
 
 
-def make_choose(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
-    return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4))
+def make_choose(rng: random.Random, held_out: bool, thinking: bool, form: str = "inline") -> Sample:
+    return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4), form=form)
 
 
-def make_decline(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
+def make_decline(rng: random.Random, held_out: bool, thinking: bool, form: str = "inline") -> Sample:
     tools = _toolset(rng, held_out, rng.randint(2, 5))
     ask_name, verb, obj = tools.pop()  # asked for, then removed from the offer: a hard negative
     schemas = [make_schema(rng, rng.randint(1, 3)) for _ in tools]
@@ -157,7 +168,7 @@ def make_decline(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
     content = f"None of the available tools can {verb} the {obj}."
     reasoning = f"The user wants to {verb} the {obj}. No tool does that." if thinking else None
     target = {"role": "assistant", "content": content, "reasoning_content": reasoning}
-    return Sample("decline", [{"role": "user", "content": _request(rng, verb, obj, mentions)}], target,
+    return Sample("decline", [{"role": "user", "content": _request(rng, verb, obj, mentions, form)}], target,
                   {"tool": None, "text": content}, decl, thinking, _effort(rng, thinking), meta={"asked": ask_name})
 
 
@@ -181,13 +192,14 @@ def strict(s: Sample) -> Sample:
     return replace(s, tools=tools)
 
 
-def make_json(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
+def make_json(rng: random.Random, held_out: bool, thinking: bool, form: str = "inline") -> Sample:
     schema, values, mentions = make_schema(rng, rng.randint(2, 5), JSON_DUMPS)
     schema = closed(schema)
     name, _, obj = pools.tool_name(rng, held_out)
     rf = {"type": "json_schema", "json_schema": {"name": name, "strict": True, "schema": schema}}
-    user = rng.choice((f"Give me the {obj} as JSON: {_mention_text(rng, mentions)}.",
-                       f"Return JSON for this {obj}. {_mention_text(rng, mentions)}."))
+    m = _mention_text(mentions, form)
+    user = rng.choice((f"Give me the {obj} as JSON:\n{m}", f"Return JSON for this {obj}.\n{m}") if form == "lines"
+                      else (f"Give me the {obj} as JSON: {m}.", f"Return JSON for this {obj}. {m}."))
     reasoning = f"I will fill {len(mentions)} fields from the message." if thinking else None
     content = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
     target = {"role": "assistant", "content": content, "reasoning_content": reasoning}
@@ -210,13 +222,14 @@ def make_recall(rng: random.Random, held_out: bool, thinking: bool, records: int
                   _effort(rng, thinking), meta={"records": records})
 
 
-def make_followup(rng: random.Random, held_out: bool, thinking: bool) -> Sample:
+def make_followup(rng: random.Random, held_out: bool, thinking: bool, form: str = "inline") -> Sample:
     name, verb, obj = pools.tool_name(rng, held_out)
     schema, values, mentions = make_schema(rng, rng.randint(1, 3))
     result_keys = rng.sample([k for k in pools.KEYS if k not in schema["properties"]], 3)
     result = {k: _leaf(rng)[1] for k in result_keys}
     ask = rng.choice(result_keys)
-    user = _request(rng, verb, obj, mentions)[:-1] + f", then tell me the {ask}."
+    request = _request(rng, verb, obj, mentions, form)
+    user = request + f"\nThen tell me the {ask}." if form == "lines" else request[:-1] + f", then tell me the {ask}."
     call_reason = f"The user wants to {verb} the {obj}. The tool {name} does that." if thinking else None
     messages = [{"role": "user", "content": user},
                 {"role": "assistant", "content": "", "reasoning_content": call_reason,
@@ -243,7 +256,7 @@ def make_copy(rng: random.Random, held_out: bool, thinking: bool, items: tuple[i
 
 
 def make_lookup(rng: random.Random, held_out: bool, thinking: bool, pairs: tuple[int, int] = (2, 6),
-                objects: float = 0.0) -> Sample:
+                objects: float = 0.0, form: str = "inline") -> Sample:
     """Read values back from a short ``key value; ...`` list: the lookup that tool arguments, JSON fields
     and follow-ups make (find the key in the request, copy what follows it), without their format.
 
@@ -255,14 +268,16 @@ def make_lookup(rng: random.Random, held_out: bool, thinking: bool, pairs: tuple
     With ``objects`` 0 no extra random draw is made: the samples of the runs before it."""
     schema, values, mentions = make_schema(rng, rng.randint(*pairs))
     mentions = [(k, v) for k, v in mentions if not isinstance(values[k], dict)] or mentions[-1:]
-    listed = f"Values: {_mention_text(rng, mentions)}."
+    listed = f"Values:\n{_mention_text(mentions, form)}\n" if form == "lines" else f"Values: {_mention_text(mentions, form)}. "
     if not (objects and rng.random() < objects):
         key, written = rng.choice(mentions)
-        user, content, why = f"{listed} What is the {key}?", written, f"I need the {key}."
+        # asked with the key's token as listed: bare (quoted) for lines, spaced inline
+        ask = f'What is "{key}"?' if form == "lines" else f"What is the {key}?"
+        user, content, why = listed + ask, written, f"I need the {key}."
     else:
         asked = [k for k, _ in rng.sample(mentions, rng.randint(1, min(3, len(mentions))))]
         content = TOOL_DUMPS({k: values[k] for k in asked})
-        user = f"{listed} Give {', '.join(TOOL_DUMPS(k) for k in asked)} as an object."
+        user = f"{listed}Give {', '.join(TOOL_DUMPS(k) for k in asked)} as an object."
         why = f"I need {len(asked)} values."
     target = {"role": "assistant", "content": content, "reasoning_content": why if thinking else None}
     return Sample("lookup", [{"role": "user", "content": user}], target, {"text": content}, None, thinking,
@@ -274,9 +289,15 @@ MAKERS = {"copy": make_copy, "lookup": make_lookup, "tool": make_tool, "choose":
 
 
 def make(kind: str, rng: random.Random, *, held_out: bool = False, thinking: bool | None = None,
-         **kwargs: Any) -> Sample:
+         form: str = "inline", **kwargs: Any) -> Sample:
+    """A sample of ``kind``; ``form`` is how the request writes its values (``FORMS``; kinds without values
+    ignore it)."""
     if kind not in MAKERS:
         raise ValueError(f"unknown task kind {kind!r}; known: {', '.join(MAKERS)}")
+    if form not in FORMS:
+        raise ValueError(f"unknown request form {form!r}; known: {', '.join(FORMS)}")
+    if kind in FORM_KINDS:
+        kwargs["form"] = form
     if thinking is None:
         thinking = rng.random() < 0.6
     return MAKERS[kind](rng, held_out, thinking, **kwargs)

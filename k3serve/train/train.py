@@ -31,7 +31,7 @@ from k3serve.core.config import ModelConfig
 from k3serve.layers.moe import MoEGate
 from k3serve.models.kimi import build_model
 from k3serve.models.registry import CONFIG_DIR
-from k3serve.train import data, parallel
+from k3serve.train import data, parallel, tasks
 from k3serve.train.export import compact_config, export, load_params, save_compact
 from k3serve.train.forward import train_forward
 from k3serve.train.grow import import_checkpoint, is_checkpoint_dir
@@ -78,6 +78,7 @@ class TrainConfig:
     history_frac: float = 0.0
     lookup_objects: float = 0.0
     mix: str = ""
+    request_form: str = "inline"
     embed_std: float = 1.0
     mla_init_std: float = 0.0
     prev_token_init: int = 0
@@ -100,6 +101,8 @@ class TrainConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.device != "cpu" and self.workers != 1:
             raise ValueError("a GPU run uses one process (--workers 1)")
+        if self.request_form not in tasks.FORMS:
+            raise ValueError(f"request_form must be one of {', '.join(tasks.FORMS)}, got {self.request_form!r}")
         self.copy_warmup  # validates
         self.task_mix  # validates
 
@@ -197,7 +200,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     torch.set_num_threads(cfg.threads)
     torch.set_flush_denormal(True)  # decayed weights and states in the denormal range slow CPU math many-fold
     full = ModelConfig.from_file(cfg.config)
-    vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1), full.text.vocab_size)
+    vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1, form=cfg.request_form), full.text.vocab_size)
     model = build_model(compact_config(full, vocab))
     init_for_training(model, cfg.seed, cfg.embed_std, cfg.mla_init_std, cfg.prev_token_init)
     if cfg.init_from and Path(cfg.init_from).is_dir():
@@ -220,8 +223,10 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     draw = data.batches if cfg.device == "cpu" else data.prefetched
     stream = draw(tokenizer, vocab, seed=cfg.seed + 2 + 1000 * rank, steps=cfg.steps,
                   tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=cfg.copy_warmup,
-                  progress_from=cfg.progress_from, history=cfg.history_frac, mix=cfg.task_mix)
-    probe = next(data.batches(tokenizer, vocab, seed=cfg.seed + 3, steps=1, tokens_per_step=cfg.tokens_per_step))
+                  progress_from=cfg.progress_from, history=cfg.history_frac, mix=cfg.task_mix,
+                  form=cfg.request_form)
+    probe = next(data.batches(tokenizer, vocab, seed=cfg.seed + 3, steps=1, tokens_per_step=cfg.tokens_per_step,
+                              form=cfg.request_form))
     for step, batch in enumerate(stream):
         if step == qat_step:
             log.append({"step": step, "before_qat": probe_losses(model, vocab, probe)})
@@ -296,6 +301,8 @@ HELP = {
     "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "
            "lengthen, to keep its token share): e.g. recall=0,choose=0.3; defaults: "
            + ",".join(f"{k}={v}" for k, v in data.MIX.items()),
+    "request_form": "how requests write the values to use: inline ('city \"Paris\"; unit ...') or lines (one "
+                    "'city: \"Paris\"' per line: the key is the token the call writes)",
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
     "prev_token_init": "start head 0 of this many leading KDA layers as a previous-token head (0: none)",
     "mla_init_std": "std of the initial MLA q_b/kv_a/kv_b/o projections (0: the writer's flat 0.02)",

@@ -17,10 +17,11 @@ def tok():
 
 @pytest.mark.parametrize("kind", [*tasks.KINDS, *tasks.WARMUP_KINDS])
 @pytest.mark.parametrize("thinking", [False, True])
-def test_target_round_trips_and_scores(tok, kind, thinking):
+@pytest.mark.parametrize("form", tasks.FORMS)
+def test_target_round_trips_and_scores(tok, kind, thinking, form):
     rng = random.Random(hash((kind, thinking)) % 1000)
     for _ in range(5):
-        s = tasks.make(kind, rng, thinking=thinking)
+        s = tasks.make(kind, rng, thinking=thinking, form=form)
         ids, n = encode_sample(s, tok)
         assert ids[:n] == [int(i) for i in prompt_ids(s, tok)]
         assert ids[-1] == STOP_ID and STOP_ID not in ids[n:-1]
@@ -97,6 +98,48 @@ def test_argument_values_are_written_as_the_answer_writes_them():
             values = s.expected.get("arguments") or s.expected["json"]
             at = [user.index(f"{k} {dumps(v)}") for k, v in values.items()]
             assert at == sorted(at), (kind, user)
+
+
+def _has(seq: list[int], part: list[int]) -> bool:
+    return any(seq[i:i + len(part)] == part for i in range(len(seq) - len(part) + 1))
+
+
+def test_lines_form_writes_each_key_as_the_token_the_answer_writes(tok):
+    """With ``form="lines"`` every top-level value sits on its own ``key: value`` line, in the answer's key
+    order, and both the key and the value are, token for token, what the call or JSON answer writes; inline,
+    the key carries a leading space (another id)."""
+    rng = random.Random(21)
+    for kind, dumps in (("tool", tasks.TOOL_DUMPS), ("choose", tasks.TOOL_DUMPS), ("json", tasks.JSON_DUMPS),
+                        ("followup", tasks.TOOL_DUMPS)):
+        for _ in range(25):
+            s = tasks.make(kind, rng, form="lines")
+            user = s.messages[0]["content"]
+            values = s.expected.get("arguments") or s.expected.get("json") or json.loads(
+                s.messages[1]["tool_calls"][0]["function"]["arguments"])
+            lines = user.splitlines()
+            at = [lines.index(f"{k}: {dumps(v)}") for k, v in values.items()]
+            assert at == sorted(at), (kind, user)
+            request = [int(t) for t in tok.encode(user)]
+            for k, v in values.items():
+                assert _has(request, [int(t) for t in tok.encode(k)]), (kind, k)
+                if isinstance(v, str):
+                    assert _has(request, [int(t) for t in tok.encode(v)]), (kind, v)
+    inline = tasks.make("tool", random.Random(4), form="inline")
+    request = [int(t) for t in tok.encode(inline.messages[0]["content"])]
+    assert not any(_has(request, [int(t) for t in tok.encode(k)]) for k in inline.expected["arguments"])
+
+
+def test_lines_form_lookup_and_decline():
+    rng = random.Random(6)
+    for _ in range(30):
+        s = tasks.make("lookup", rng, form="lines")
+        user = s.messages[0]["content"]
+        key = user.rsplit('What is "', 1)[1].removesuffix('"?')
+        assert f"{key}: {s.target['content']}" in user.splitlines()
+        d = tasks.make("decline", rng, form="lines")
+        assert "\n" in d.messages[0]["content"] and d.expected == {"tool": None, "text": d.target["content"]}
+    with pytest.raises(ValueError, match="request form"):
+        tasks.make("tool", rng, form="yaml")
 
 
 def test_lexicon_words_are_single_tokens_and_recall_never_repeats_a_word(tok):
