@@ -48,7 +48,7 @@ def make_tasks(n: int, seed: int, strict_tools: bool = False, form: str = FORM) 
     for kind in tasks.KINDS:
         for _ in range(n):
             kwargs = {"records": RECALL_RECORDS} if kind == "recall" else {}
-            s = tasks.make(kind, rng, held_out=True, form=form, **kwargs)
+            s = tasks.make(kind, rng, held_out=True, style=tasks.Style(form), **kwargs)
             out.append(tasks.strict(s) if strict_tools else s)
     return out
 

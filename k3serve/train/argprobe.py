@@ -67,7 +67,7 @@ def arg_accuracy(model: nn.Module, vocab: CompactVocab, tokenizer, n: int = 60, 
     vocabulary covers), requests in ``form``."""
     rng, stats = random.Random(seed), ArgStats()
     for _ in range(n):
-        s = tasks.make("tool", rng, held_out=True, thinking=rng.random() < 0.6, form=form)
+        s = tasks.make("tool", rng, held_out=True, thinking=rng.random() < 0.6, style=tasks.Style(form))
         ids, n_prompt = encode_sample(s, tokenizer)
         if not vocab.covers(ids):
             continue

@@ -200,24 +200,24 @@ def assoc_sample(rng: random.Random, pool: Sequence[int], pairs: int) -> Encoded
 HISTORY_KINDS = ("copy", "lookup", "json")
 
 
-def with_history(rng: random.Random, s: tasks.Sample, turns: int, form: str = "inline") -> tasks.Sample:
+def with_history(rng: random.Random, s: tasks.Sample, turns: int, style: tasks.Style = tasks.PLAIN) -> tasks.Sample:
     """``s`` after ``turns`` earlier user/assistant exchanges. A model trained only on tasks that open the
     conversation can find what to copy by where it sits (measured on g/b: one earlier exchange took its
     teacher-forced copy accuracy from 0.44 to 0.26); with history in front only the content can tell."""
     prev: list[dict] = []
     for _ in range(turns):
-        h = tasks.make(rng.choice(HISTORY_KINDS), rng, held_out=False, thinking=False, form=form)
+        h = tasks.make(rng.choice(HISTORY_KINDS), rng, held_out=False, thinking=False, style=style)
         prev += [*h.messages, {"role": "assistant", "content": h.target["content"]}]
     return replace(s, messages=prev + s.messages)
 
 
 def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = CopyWarmup(),
-         history: float = 0.0, pool: Sequence[int] = (), mix: dict[str, float] = MIX, form: str = "inline"
-         ) -> Encoded:
+         history: float = 0.0, pool: Sequence[int] = (), mix: dict[str, float] = MIX,
+         style: tasks.Style = tasks.PLAIN) -> Encoded:
     """One encoded sample, of a kind drawn from ``mix`` outside the warm-up; a ``history`` fraction of them
     (not recall lists) after 1-3 earlier exchanges (no random draw for it when 0, so runs without it draw
-    exactly what they drew before). ``induce`` samples draw their tokens from ``pool``; requests write
-    their values in ``form`` (``tasks.FORMS``)."""
+    exactly what they drew before). ``induce`` samples draw their tokens from ``pool``; the tasks are
+    written in ``style``."""
     if progress < warmup.induce_until:
         kind = "induce"
     else:
@@ -233,18 +233,18 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
         kwargs["objects"] = warmup.lookup_objects
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
-    s = tasks.make(kind, rng, held_out=False, form=form, **kwargs)
+    s = tasks.make(kind, rng, held_out=False, style=style, **kwargs)
     if s.tools and rng.random() < STRICT_SHARE:
         s = tasks.strict(s)
     if history and kind != "recall" and rng.random() < history:
-        s = with_history(rng, s, rng.randint(1, 3), form)
+        s = with_history(rng, s, rng.randint(1, 3), style)
     ids, n = encode_sample(s, tokenizer)
     return Encoded(kind, ids, n)
 
 
-def inventory(tokenizer, seed: int, per_kind: int = 600, form: str = "inline") -> set[int]:
+def inventory(tokenizer, seed: int, per_kind: int = 600, style: tasks.Style = tasks.PLAIN) -> set[int]:
     """The used ids: the lexicon and number pieces, plus every id of ``per_kind`` training-side samples of
-    each kind (short recall lists; length does not add ids), requests in ``form``. Samples drawn later that
+    each kind (short recall lists; length does not add ids), written in ``style``. Samples drawn later that
     fall outside are skipped by ``batches``."""
     rng = random.Random(seed)
     # Every lexicon word in both forms and every number piece, so rare draws are never skipped.
@@ -253,7 +253,7 @@ def inventory(tokenizer, seed: int, per_kind: int = 600, form: str = "inline") -
     for kind in (*tasks.KINDS, *tasks.WARMUP_KINDS):
         for _ in range(per_kind):
             kwargs = {"records": 20} if kind == "recall" else {}
-            s = tasks.make(kind, rng, held_out=False, form=form, **kwargs)
+            s = tasks.make(kind, rng, held_out=False, style=style, **kwargs)
             for variant in (s, tasks.strict(s)) if s.tools else (s,):
                 used.update(encode_sample(variant, tokenizer)[0])
     return used
@@ -266,8 +266,8 @@ def token_pool(vocab: CompactVocab) -> list[int]:
 
 def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
             stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup(),
-            progress_from: float = 0.0, history: float = 0.0, mix: dict[str, float] = MIX, form: str = "inline"
-            ) -> Iterator[list[Encoded]]:
+            progress_from: float = 0.0, history: float = 0.0, mix: dict[str, float] = MIX,
+            style: tasks.Style = tasks.PLAIN) -> Iterator[list[Encoded]]:
     """``steps`` batches of fresh samples, deterministic in ``seed``; never cut a sample. The curriculum runs
     from ``progress_from`` to 1 over the steps (a run that continues another starts where that one ended)."""
     rng = random.Random(seed)
@@ -278,7 +278,7 @@ def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per
         used = 0
         while True:
             e = pending or draw(rng, tokenizer, progress_from + (1.0 - progress_from) * step / steps, warmup,
-                                history, pool, mix, form)
+                                history, pool, mix, style)
             pending = None
             if not vocab.covers(e.ids):
                 if stats is not None:
@@ -304,13 +304,13 @@ def _produce(queue, vocab_ids: list[int], full_size: int, kwargs: dict) -> None:
 def prefetched(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
                stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup(),
                progress_from: float = 0.0, history: float = 0.0, mix: dict[str, float] = MIX,
-               form: str = "inline", depth: int = 16) -> Iterator[list[Encoded]]:
+               style: tasks.Style = tasks.PLAIN, depth: int = 16) -> Iterator[list[Encoded]]:
     """``batches`` drawn in a helper process, up to ``depth`` ahead: the same batches in the same order.
     ``tokenizer`` is unused (the helper loads its own: the native one does not cross processes)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue(maxsize=depth)
     kwargs = {"seed": seed, "steps": steps, "tokens_per_step": tokens_per_step, "warmup": warmup,
-              "progress_from": progress_from, "history": history, "mix": mix, "form": form}
+              "progress_from": progress_from, "history": history, "mix": mix, "style": style}
     proc = ctx.Process(target=_produce, args=(queue, vocab.ids, vocab.full_size, kwargs), daemon=True)
     proc.start()
     try:

@@ -25,7 +25,28 @@ EFFORTS = ("max", "max", "max", "high", "low")  # the K3 efforts, the server def
 # ``city: "Paris"`` per line). A key at a line's start is the very token a call or JSON answer writes
 # (``city``), where inline it carries a space (`` city``, another id): with lines every argument is a copy.
 FORMS = ("inline", "lines")
-FORM_KINDS = ("tool", "choose", "decline", "json", "followup", "lookup")  # the kinds that write values
+# How a decline's reasoning decides: "plain" (``... No tool does that.``) or "check": it first names the tool
+# that would do it, as a call's reasoning does (``The tool close_payment``), then says it is not offered. Both
+# kinds then write a tool name before deciding, and the decision is whether that name was offered.
+REASONINGS = ("plain", "check")
+STYLED_KINDS = ("tool", "choose", "decline", "json", "followup", "lookup")  # the kinds a Style changes
+
+
+@dataclass(frozen=True)
+class Style:
+    """How a run writes its samples (``FORMS``, ``REASONINGS``); an evaluation asks in its model's ``form``."""
+
+    form: str = "inline"
+    reasoning: str = "plain"
+
+    def __post_init__(self) -> None:
+        if self.form not in FORMS:
+            raise ValueError(f"unknown request form {self.form!r}; known: {', '.join(FORMS)}")
+        if self.reasoning not in REASONINGS:
+            raise ValueError(f"unknown reasoning {self.reasoning!r}; known: {', '.join(REASONINGS)}")
+
+
+PLAIN = Style()
 
 
 @dataclass(frozen=True)
@@ -141,7 +162,7 @@ def _call(name: str, args: dict[str, Any], k: int = 1) -> dict[str, Any]:
 
 
 def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int | None = None,
-              form: str = "inline") -> Sample:
+              style: Style = PLAIN) -> Sample:
     n = n_tools if n_tools is not None else 1
     tools = _toolset(rng, held_out, n)
     schemas = [make_schema(rng, rng.randint(1, 4)) for _ in tools]
@@ -151,24 +172,25 @@ def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int |
     decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
     reasoning = f"The user wants to {verb} the {obj}. The tool {name} does that." if thinking else None
     target = {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [_call(name, values)]}
-    return Sample("tool" if n == 1 else "choose", [{"role": "user", "content": _request(rng, verb, obj, mentions, form)}],
+    return Sample("tool" if n == 1 else "choose", [{"role": "user", "content": _request(rng, verb, obj, mentions, style.form)}],
                   target, {"tool": name, "arguments": values}, decl, thinking, _effort(rng, thinking))
 
 
-def make_choose(rng: random.Random, held_out: bool, thinking: bool, form: str = "inline") -> Sample:
-    return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4), form=form)
+def make_choose(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN) -> Sample:
+    return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4), style=style)
 
 
-def make_decline(rng: random.Random, held_out: bool, thinking: bool, form: str = "inline") -> Sample:
+def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN) -> Sample:
     tools = _toolset(rng, held_out, rng.randint(2, 5))
     ask_name, verb, obj = tools.pop()  # asked for, then removed from the offer: a hard negative
     schemas = [make_schema(rng, rng.randint(1, 3)) for _ in tools]
     _, _, mentions = make_schema(rng, rng.randint(1, 3))
     decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
     content = f"None of the available tools can {verb} the {obj}."
-    reasoning = f"The user wants to {verb} the {obj}. No tool does that." if thinking else None
+    verdict = f"The tool {ask_name} is not offered." if style.reasoning == "check" else "No tool does that."
+    reasoning = f"The user wants to {verb} the {obj}. {verdict}" if thinking else None
     target = {"role": "assistant", "content": content, "reasoning_content": reasoning}
-    return Sample("decline", [{"role": "user", "content": _request(rng, verb, obj, mentions, form)}], target,
+    return Sample("decline", [{"role": "user", "content": _request(rng, verb, obj, mentions, style.form)}], target,
                   {"tool": None, "text": content}, decl, thinking, _effort(rng, thinking), meta={"asked": ask_name})
 
 
@@ -192,13 +214,13 @@ def strict(s: Sample) -> Sample:
     return replace(s, tools=tools)
 
 
-def make_json(rng: random.Random, held_out: bool, thinking: bool, form: str = "inline") -> Sample:
+def make_json(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN) -> Sample:
     schema, values, mentions = make_schema(rng, rng.randint(2, 5), JSON_DUMPS)
     schema = closed(schema)
     name, _, obj = pools.tool_name(rng, held_out)
     rf = {"type": "json_schema", "json_schema": {"name": name, "strict": True, "schema": schema}}
-    m = _mention_text(mentions, form)
-    user = rng.choice((f"Give me the {obj} as JSON:\n{m}", f"Return JSON for this {obj}.\n{m}") if form == "lines"
+    m = _mention_text(mentions, style.form)
+    user = rng.choice((f"Give me the {obj} as JSON:\n{m}", f"Return JSON for this {obj}.\n{m}") if style.form == "lines"
                       else (f"Give me the {obj} as JSON: {m}.", f"Return JSON for this {obj}. {m}."))
     reasoning = f"I will fill {len(mentions)} fields from the message." if thinking else None
     content = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
@@ -222,14 +244,14 @@ def make_recall(rng: random.Random, held_out: bool, thinking: bool, records: int
                   _effort(rng, thinking), meta={"records": records})
 
 
-def make_followup(rng: random.Random, held_out: bool, thinking: bool, form: str = "inline") -> Sample:
+def make_followup(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN) -> Sample:
     name, verb, obj = pools.tool_name(rng, held_out)
     schema, values, mentions = make_schema(rng, rng.randint(1, 3))
     result_keys = rng.sample([k for k in pools.KEYS if k not in schema["properties"]], 3)
     result = {k: _leaf(rng)[1] for k in result_keys}
     ask = rng.choice(result_keys)
-    request = _request(rng, verb, obj, mentions, form)
-    user = request + f"\nThen tell me the {ask}." if form == "lines" else request[:-1] + f", then tell me the {ask}."
+    request = _request(rng, verb, obj, mentions, style.form)
+    user = request + f"\nThen tell me the {ask}." if style.form == "lines" else request[:-1] + f", then tell me the {ask}."
     call_reason = f"The user wants to {verb} the {obj}. The tool {name} does that." if thinking else None
     messages = [{"role": "user", "content": user},
                 {"role": "assistant", "content": "", "reasoning_content": call_reason,
@@ -256,7 +278,7 @@ def make_copy(rng: random.Random, held_out: bool, thinking: bool, items: tuple[i
 
 
 def make_lookup(rng: random.Random, held_out: bool, thinking: bool, pairs: tuple[int, int] = (2, 6),
-                objects: float = 0.0, form: str = "inline") -> Sample:
+                objects: float = 0.0, style: Style = PLAIN) -> Sample:
     """Read values back from a short ``key value; ...`` list: the lookup that tool arguments, JSON fields
     and follow-ups make (find the key in the request, copy what follows it), without their format.
 
@@ -268,11 +290,12 @@ def make_lookup(rng: random.Random, held_out: bool, thinking: bool, pairs: tuple
     With ``objects`` 0 no extra random draw is made: the samples of the runs before it."""
     schema, values, mentions = make_schema(rng, rng.randint(*pairs))
     mentions = [(k, v) for k, v in mentions if not isinstance(values[k], dict)] or mentions[-1:]
-    listed = f"Values:\n{_mention_text(mentions, form)}\n" if form == "lines" else f"Values: {_mention_text(mentions, form)}. "
+    m = _mention_text(mentions, style.form)
+    listed = f"Values:\n{m}\n" if style.form == "lines" else f"Values: {m}. "
     if not (objects and rng.random() < objects):
         key, written = rng.choice(mentions)
         # asked with the key's token as listed: bare (quoted) for lines, spaced inline
-        ask = f'What is "{key}"?' if form == "lines" else f"What is the {key}?"
+        ask = f'What is "{key}"?' if style.form == "lines" else f"What is the {key}?"
         user, content, why = listed + ask, written, f"I need the {key}."
     else:
         asked = [k for k, _ in rng.sample(mentions, rng.randint(1, min(3, len(mentions))))]
@@ -289,15 +312,12 @@ MAKERS = {"copy": make_copy, "lookup": make_lookup, "tool": make_tool, "choose":
 
 
 def make(kind: str, rng: random.Random, *, held_out: bool = False, thinking: bool | None = None,
-         form: str = "inline", **kwargs: Any) -> Sample:
-    """A sample of ``kind``; ``form`` is how the request writes its values (``FORMS``; kinds without values
-    ignore it)."""
+         style: Style = PLAIN, **kwargs: Any) -> Sample:
+    """A sample of ``kind`` written in ``style`` (kinds it does not concern ignore it)."""
     if kind not in MAKERS:
         raise ValueError(f"unknown task kind {kind!r}; known: {', '.join(MAKERS)}")
-    if form not in FORMS:
-        raise ValueError(f"unknown request form {form!r}; known: {', '.join(FORMS)}")
-    if kind in FORM_KINDS:
-        kwargs["form"] = form
+    if kind in STYLED_KINDS:
+        kwargs["style"] = style
     if thinking is None:
         thinking = rng.random() < 0.6
     return MAKERS[kind](rng, held_out, thinking, **kwargs)

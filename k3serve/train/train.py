@@ -79,6 +79,7 @@ class TrainConfig:
     lookup_objects: float = 0.0
     mix: str = ""
     request_form: str = "inline"
+    reasoning: str = "plain"
     embed_std: float = 1.0
     mla_init_std: float = 0.0
     prev_token_init: int = 0
@@ -101,14 +102,17 @@ class TrainConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.device != "cpu" and self.workers != 1:
             raise ValueError("a GPU run uses one process (--workers 1)")
-        if self.request_form not in tasks.FORMS:
-            raise ValueError(f"request_form must be one of {', '.join(tasks.FORMS)}, got {self.request_form!r}")
+        self.style  # validates
         self.copy_warmup  # validates
         self.task_mix  # validates
 
     @property
     def task_mix(self) -> dict[str, float]:
         return data.parse_mix(self.mix)
+
+    @property
+    def style(self) -> tasks.Style:
+        return tasks.Style(self.request_form, self.reasoning)
 
     @property
     def copy_warmup(self) -> data.CopyWarmup:
@@ -200,7 +204,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     torch.set_num_threads(cfg.threads)
     torch.set_flush_denormal(True)  # decayed weights and states in the denormal range slow CPU math many-fold
     full = ModelConfig.from_file(cfg.config)
-    vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1, form=cfg.request_form), full.text.vocab_size)
+    vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1, style=cfg.style), full.text.vocab_size)
     model = build_model(compact_config(full, vocab))
     init_for_training(model, cfg.seed, cfg.embed_std, cfg.mla_init_std, cfg.prev_token_init)
     if cfg.init_from and Path(cfg.init_from).is_dir():
@@ -224,9 +228,9 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     stream = draw(tokenizer, vocab, seed=cfg.seed + 2 + 1000 * rank, steps=cfg.steps,
                   tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=cfg.copy_warmup,
                   progress_from=cfg.progress_from, history=cfg.history_frac, mix=cfg.task_mix,
-                  form=cfg.request_form)
+                  style=cfg.style)
     probe = next(data.batches(tokenizer, vocab, seed=cfg.seed + 3, steps=1, tokens_per_step=cfg.tokens_per_step,
-                              form=cfg.request_form))
+                              style=cfg.style))
     for step, batch in enumerate(stream):
         if step == qat_step:
             log.append({"step": step, "before_qat": probe_losses(model, vocab, probe)})
@@ -303,6 +307,8 @@ HELP = {
            + ",".join(f"{k}={v}" for k, v in data.MIX.items()),
     "request_form": "how requests write the values to use: inline ('city \"Paris\"; unit ...') or lines (one "
                     "'city: \"Paris\"' per line: the key is the token the call writes)",
+    "reasoning": "how a decline's reasoning decides: plain ('No tool does that.') or check (names the tool that "
+                 "would do it, then 'is not offered', as a call's reasoning names the tool it calls)",
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
     "prev_token_init": "start head 0 of this many leading KDA layers as a previous-token head (0: none)",
     "mla_init_std": "std of the initial MLA q_b/kv_a/kv_b/o projections (0: the writer's flat 0.02)",

@@ -21,7 +21,7 @@ def tok():
 def test_target_round_trips_and_scores(tok, kind, thinking, form):
     rng = random.Random(hash((kind, thinking)) % 1000)
     for _ in range(5):
-        s = tasks.make(kind, rng, thinking=thinking, form=form)
+        s = tasks.make(kind, rng, thinking=thinking, style=tasks.Style(form))
         ids, n = encode_sample(s, tok)
         assert ids[:n] == [int(i) for i in prompt_ids(s, tok)]
         assert ids[-1] == STOP_ID and STOP_ID not in ids[n:-1]
@@ -105,14 +105,14 @@ def _has(seq: list[int], part: list[int]) -> bool:
 
 
 def test_lines_form_writes_each_key_as_the_token_the_answer_writes(tok):
-    """With ``form="lines"`` every top-level value sits on its own ``key: value`` line, in the answer's key
+    """In the "lines" form every top-level value sits on its own ``key: value`` line, in the answer's key
     order, and both the key and the value are, token for token, what the call or JSON answer writes; inline,
     the key carries a leading space (another id)."""
     rng = random.Random(21)
     for kind, dumps in (("tool", tasks.TOOL_DUMPS), ("choose", tasks.TOOL_DUMPS), ("json", tasks.JSON_DUMPS),
                         ("followup", tasks.TOOL_DUMPS)):
         for _ in range(25):
-            s = tasks.make(kind, rng, form="lines")
+            s = tasks.make(kind, rng, style=tasks.Style("lines"))
             user = s.messages[0]["content"]
             values = s.expected.get("arguments") or s.expected.get("json") or json.loads(
                 s.messages[1]["tool_calls"][0]["function"]["arguments"])
@@ -124,7 +124,7 @@ def test_lines_form_writes_each_key_as_the_token_the_answer_writes(tok):
                 assert _has(request, [int(t) for t in tok.encode(k)]), (kind, k)
                 if isinstance(v, str):
                     assert _has(request, [int(t) for t in tok.encode(v)]), (kind, v)
-    inline = tasks.make("tool", random.Random(4), form="inline")
+    inline = tasks.make("tool", random.Random(4), style=tasks.Style("inline"))
     request = [int(t) for t in tok.encode(inline.messages[0]["content"])]
     assert not any(_has(request, [int(t) for t in tok.encode(k)]) for k in inline.expected["arguments"])
 
@@ -132,14 +132,30 @@ def test_lines_form_writes_each_key_as_the_token_the_answer_writes(tok):
 def test_lines_form_lookup_and_decline():
     rng = random.Random(6)
     for _ in range(30):
-        s = tasks.make("lookup", rng, form="lines")
+        s = tasks.make("lookup", rng, style=tasks.Style("lines"))
         user = s.messages[0]["content"]
         key = user.rsplit('What is "', 1)[1].removesuffix('"?')
         assert f"{key}: {s.target['content']}" in user.splitlines()
-        d = tasks.make("decline", rng, form="lines")
+        d = tasks.make("decline", rng, style=tasks.Style("lines"))
         assert "\n" in d.messages[0]["content"] and d.expected == {"tool": None, "text": d.target["content"]}
     with pytest.raises(ValueError, match="request form"):
-        tasks.make("tool", rng, form="yaml")
+        tasks.Style("yaml")
+    with pytest.raises(ValueError, match="reasoning"):
+        tasks.Style(reasoning="long")
+
+
+def test_check_reasoning_names_the_tool_that_would_do_it():
+    rng, check = random.Random(9), tasks.Style(reasoning="check")
+    for _ in range(20):
+        d = tasks.make("decline", rng, thinking=True, style=check)
+        offered = {t["function"]["name"] for t in d.tools}
+        asked = d.meta["asked"]
+        assert asked not in offered and d.target["reasoning_content"].endswith(f" The tool {asked} is not offered.")
+        assert d.target["content"] == d.expected["text"]
+        t = tasks.make("choose", rng, thinking=True, style=check)  # a call's reasoning is the same in both
+        assert t.target["reasoning_content"].endswith(f" The tool {t.expected['tool']} does that.")
+    plain = tasks.make("decline", random.Random(1), thinking=True)
+    assert plain.target["reasoning_content"].endswith(" No tool does that.")
 
 
 def test_lexicon_words_are_single_tokens_and_recall_never_repeats_a_word(tok):
