@@ -1,0 +1,102 @@
+"""Does the model decide between calling a tool and declining? Teacher-forced, at the one token where the two
+answers part ways.
+
+A decline and a call share their first tokens (in thinking mode ``The user wants to <verb> the <object>.``),
+then part: `` No`` against `` The`` (reasoning ``plain``), `` is`` against `` does`` after the tool's name
+(reasoning ``check``), or, without thinking, the content's first token against the call's. For held-out
+decline, single-tool and choose tasks this probe builds the other branch's answer, finds the first token
+where the two encodings differ, and reports P(right) / (P(right) + P(other)) there. A model that has not
+learnt the decision sits near its training prior for every kind alike.
+
+    python -m k3serve.train.decideprobe k3serve/models/weights/k3-default
+    python -m k3serve.train.decideprobe runs/wl2 --form lines --reasoning check
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from k3serve.train import tasks
+from k3serve.train.forward import train_forward
+from k3serve.train.grow import add_source_arguments, open_source
+from k3serve.train.render import encode_sample
+from k3serve.train.tok import load_tokenizer
+from k3serve.train.vocab import CompactVocab
+
+KINDS = ("decline", "tool", "choose")
+
+
+def other_branch(s: tasks.Sample, style: tasks.Style) -> dict:
+    """The assistant message of the branch ``s`` does not take: a call of the first offered tool for a
+    decline (with ``check`` reasoning, of the asked tool: the reasoning names it either way), a decline for a
+    call; its reasoning keeps the shared first sentence."""
+    first = s.target["reasoning_content"] and s.target["reasoning_content"].split(". ")[0] + "."
+    if s.kind == "decline":
+        name = s.meta["asked"] if style.reasoning == "check" else s.tools[0]["function"]["name"]
+        call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}
+        return {"role": "assistant", "content": "", "tool_calls": [call],
+                "reasoning_content": first and f"{first} The tool {name} does that."}
+    verdict = f"The tool {s.expected['tool']} is not offered." if style.reasoning == "check" else "No tool does that."
+    verb, obj = s.expected["tool"].split("_", 1)  # tool names are verb_object
+    return {"role": "assistant", "content": f"None of the available tools can {verb} the {obj}.",
+            "reasoning_content": first and f"{first} {verdict}"}
+
+
+@torch.no_grad()
+def decision(model: nn.Module, vocab: CompactVocab, tokenizer, s: tasks.Sample, style: tasks.Style
+             ) -> tuple[float, str, str] | None:
+    """(P(right) / (P(right) + P(other)) at the parting token, right token, other token); None if the
+    vocabulary does not cover the sample."""
+    ids, n_prompt = encode_sample(s, tokenizer)
+    alt, _ = encode_sample(replace(s, target=other_branch(s, style)), tokenizer)
+    if not vocab.covers(ids) or not vocab.covers(alt):
+        return None
+    d = next(i for i in range(n_prompt, min(len(ids), len(alt))) if ids[i] != alt[i])
+    x = torch.tensor(vocab.to_compact(ids[:d]))
+    p = torch.softmax(model.compute_logits(train_forward(model, [x])[-1:]).float().flatten(), -1)
+    right, other = (p[vocab.to_compact([t])[0]].item() for t in (ids[d], alt[d]))
+    return right / max(right + other, 1e-30), tokenizer.decode([ids[d]]), tokenizer.decode([alt[d]])
+
+
+def probe(model: nn.Module, vocab: CompactVocab, tokenizer, style: tasks.Style, n: int = 15, seed: int = 99
+          ) -> dict[tuple[str, bool], list[float]]:
+    """P(right branch) for ``n`` held-out tasks per kind and thinking mode."""
+    rng, out = random.Random(seed), {}
+    for kind in KINDS:
+        for thinking in (True, False):
+            got = [decision(model, vocab, tokenizer, tasks.make(kind, rng, held_out=True, thinking=thinking,
+                                                                 style=style), style) for _ in range(n)]
+            out[(kind, thinking)] = [g[0] for g in got if g is not None]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m k3serve.train.decideprobe", description=__doc__.splitlines()[0])
+    add_source_arguments(p)
+    p.add_argument("--n", type=int, default=15, help="held-out tasks per kind and thinking mode")
+    p.add_argument("--seed", type=int, default=99, help="task seed (never a training seed)")
+    p.add_argument("--form", choices=tasks.FORMS, default="inline", help="the model's --request-form")
+    p.add_argument("--reasoning", choices=tasks.REASONINGS, default="plain", help="the model's --reasoning")
+    args = p.parse_args(argv)
+    if args.n < 1:
+        p.error("--n must be >= 1")
+    torch.set_num_threads(1)
+    if (opened := open_source(args)) is None:
+        return 2
+    model, vocab, label = opened
+    res = probe(model, vocab, load_tokenizer(), tasks.Style(args.form, args.reasoning), args.n, args.seed)
+    print(f"{label}: P(right branch) at the token where calling and declining part, held-out tasks")
+    for (kind, thinking), ps in res.items():
+        mean = sum(ps) / len(ps) if ps else float("nan")
+        print(f"  {kind:8s} {'thinking' if thinking else 'no-think':8s} n={len(ps):3d}  mean {mean:.2f}  "
+              f"right > 0.5: {sum(q > 0.5 for q in ps)}/{len(ps)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
