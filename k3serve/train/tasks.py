@@ -172,7 +172,8 @@ def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int |
     decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
     reasoning = f"The user wants to {verb} the {obj}. The tool {name} does that." if thinking else None
     target = {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [_call(name, values)]}
-    return Sample("tool" if n == 1 else "choose", [{"role": "user", "content": _request(rng, verb, obj, mentions, style.form)}],
+    user = _request(rng, verb, obj, mentions, style.form)
+    return Sample("tool" if n == 1 else "choose", [{"role": "user", "content": user}],
                   target, {"tool": name, "arguments": values}, decl, thinking, _effort(rng, thinking))
 
 
@@ -251,7 +252,8 @@ def make_followup(rng: random.Random, held_out: bool, thinking: bool, style: Sty
     result = {k: _leaf(rng)[1] for k in result_keys}
     ask = rng.choice(result_keys)
     request = _request(rng, verb, obj, mentions, style.form)
-    user = request + f"\nThen tell me the {ask}." if style.form == "lines" else request[:-1] + f", then tell me the {ask}."
+    lines = style.form == "lines"
+    user = request + f"\nThen tell me the {ask}." if lines else request[:-1] + f", then tell me the {ask}."
     call_reason = f"The user wants to {verb} the {obj}. The tool {name} does that." if thinking else None
     messages = [{"role": "user", "content": user},
                 {"role": "assistant", "content": "", "reasoning_content": call_reason,

@@ -32,8 +32,8 @@ def test_branches_part_at_the_decision(tok, reasoning, right, other):
     style = tasks.Style("lines", reasoning)
     rng = random.Random(1)
     for _ in range(5):
-        assert _parting(tok, tasks.make("decline", rng, held_out=True, thinking=True, style=style), style) == (right, other)
-        assert _parting(tok, tasks.make("tool", rng, held_out=True, thinking=True, style=style), style) == (other, right)
+        for kind, want in (("decline", (right, other)), ("tool", (other, right))):
+            assert _parting(tok, tasks.make(kind, rng, held_out=True, thinking=True, style=style), style) == want
 
 
 class _Always:
