@@ -36,7 +36,7 @@ from k3serve.train.tok import load_tokenizer
 
 TARGETS = {"tool": 0.9, "decline": 0.9, "json": 0.9, "json_valid": 1.0, "recall": 0.95}
 RECALL_RECORDS = 150  # ~2.1k tokens of context
-FORM = "lines"  # how requests write their values (tasks.FORMS): the form the shipped model was trained on
+FORM = tasks.SHIPPED.form  # how requests write their values: the form the shipped model was trained on
 
 
 def make_tasks(n: int, seed: int, strict_tools: bool = False, form: str = FORM) -> list[tasks.Sample]:

@@ -62,7 +62,7 @@ def argument_tokens(pieces: list[str]) -> list[tuple[str, list[int], list[int]]]
 
 @torch.no_grad()
 def arg_accuracy(model: nn.Module, vocab: CompactVocab, tokenizer, n: int = 60, seed: int = 4242,
-                 form: str = "inline") -> ArgStats:
+                 form: str = tasks.SHIPPED.form) -> ArgStats:
     """Teacher-forced argument-value accuracy on ``n`` held-out single-tool tasks (those whose ids the
     vocabulary covers), requests in ``form``."""
     rng, stats = random.Random(seed), ArgStats()
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     add_source_arguments(p)
     p.add_argument("--n", type=int, default=60, help="held-out tool tasks")
     p.add_argument("--seed", type=int, default=4242, help="task seed (never a training seed)")
-    p.add_argument("--form", choices=tasks.FORMS, default="inline", help="how requests write their values "
-                   "(the form the model was trained on: --request-form of its run)")
+    p.add_argument("--form", choices=tasks.FORMS, default=tasks.SHIPPED.form, help="how requests write "
+                   "their values (the model's --request-form; default: the shipped model's)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if (opened := open_source(args)) is None:

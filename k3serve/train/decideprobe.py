@@ -9,7 +9,7 @@ where the two encodings differ, and reports P(right) / (P(right) + P(other)) the
 learnt the decision sits near its training prior for every kind alike.
 
     python -m k3serve.train.decideprobe k3serve/models/weights/k3-default
-    python -m k3serve.train.decideprobe runs/wl2 --form lines --reasoning check
+    python -m k3serve.train.decideprobe runs/wk4 --form inline --reasoning plain
 """
 
 from __future__ import annotations
@@ -80,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     add_source_arguments(p)
     p.add_argument("--n", type=int, default=15, help="held-out tasks per kind and thinking mode")
     p.add_argument("--seed", type=int, default=99, help="task seed (never a training seed)")
-    p.add_argument("--form", choices=tasks.FORMS, default="inline", help="the model's --request-form")
-    p.add_argument("--reasoning", choices=tasks.REASONINGS, default="plain", help="the model's --reasoning")
+    p.add_argument("--form", choices=tasks.FORMS, default=tasks.SHIPPED.form,
+                   help="the model's --request-form (default: the shipped model's)")
+    p.add_argument("--reasoning", choices=tasks.REASONINGS, default=tasks.SHIPPED.reasoning,
+                   help="the model's --reasoning (default: the shipped model's)")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error("--n must be >= 1")

@@ -47,6 +47,7 @@ class Style:
 
 
 PLAIN = Style()
+SHIPPED = Style("lines", "check")  # the shipped k3-default's (run wl2): evaluations and probes default to it
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ def exported(tmp_path_factory):
     rng = random.Random(4242)  # the probe's own seed: its samples' ids are all in this vocabulary
     ids = set()
     for _ in range(6):
-        ids |= set(encode_sample(tasks.make("tool", rng, held_out=True, thinking=rng.random() < 0.6), tok)[0])
+        ids |= set(encode_sample(tasks.make("tool", rng, held_out=True, thinking=rng.random() < 0.6,
+                                                  style=tasks.SHIPPED), tok)[0])
     full = ModelConfig.from_file(DEFAULT_CONFIG)
     vocab = CompactVocab(ids, full.text.vocab_size)
     torch.manual_seed(0)
