@@ -34,17 +34,16 @@ KINDS = ("decline", "tool", "choose")
 def other_branch(s: tasks.Sample, style: tasks.Style) -> dict:
     """The assistant message of the branch ``s`` does not take: a call of the first offered tool for a
     decline (with ``check`` reasoning, of the asked tool: the reasoning names it either way), a decline for a
-    call; its reasoning keeps the shared first sentence."""
-    first = s.target["reasoning_content"] and s.target["reasoning_content"].split(". ")[0] + "."
+    call."""
+    asked = s.meta["asked"] if s.kind == "decline" else s.expected["tool"]
+    verb, obj = asked.split("_", 1)  # tool names are verb_object
     if s.kind == "decline":
-        name = s.meta["asked"] if style.reasoning == "check" else s.tools[0]["function"]["name"]
+        name = asked if style.reasoning == "check" else s.tools[0]["function"]["name"]
         call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}
-        return {"role": "assistant", "content": "", "tool_calls": [call],
-                "reasoning_content": first and f"{first} The tool {name} does that."}
-    verdict = f"The tool {s.expected['tool']} is not offered." if style.reasoning == "check" else "No tool does that."
-    verb, obj = s.expected["tool"].split("_", 1)  # tool names are verb_object
-    return {"role": "assistant", "content": f"None of the available tools can {verb} the {obj}.",
-            "reasoning_content": first and f"{first} {verdict}"}
+        reasoning = tasks.decision_reasoning(verb, obj, name, True) if s.thinking else None
+        return {"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": reasoning}
+    reasoning = tasks.decision_reasoning(verb, obj, asked, False, style) if s.thinking else None
+    return {"role": "assistant", "content": tasks.decline_content(verb, obj), "reasoning_content": reasoning}
 
 
 @torch.no_grad()

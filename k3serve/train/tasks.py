@@ -162,6 +162,19 @@ def _call(name: str, args: dict[str, Any], k: int = 1) -> dict[str, Any]:
     return {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
 
+def decision_reasoning(verb: str, obj: str, name: str, offered: bool, style: Style = PLAIN) -> str:
+    """The one-sentence-a-step reasoning before a call (``offered``) or a decline of tool ``name``."""
+    if offered:
+        verdict = f"The tool {name} does that."
+    else:
+        verdict = f"The tool {name} is not offered." if style.reasoning == "check" else "No tool does that."
+    return f"The user wants to {verb} the {obj}. {verdict}"
+
+
+def decline_content(verb: str, obj: str) -> str:
+    return f"None of the available tools can {verb} the {obj}."
+
+
 def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int | None = None,
               style: Style = PLAIN) -> Sample:
     n = n_tools if n_tools is not None else 1
@@ -171,7 +184,7 @@ def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int |
     name, verb, obj = tools[pick]
     _, values, mentions = schemas[pick]
     decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
-    reasoning = f"The user wants to {verb} the {obj}. The tool {name} does that." if thinking else None
+    reasoning = decision_reasoning(verb, obj, name, True) if thinking else None
     target = {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [_call(name, values)]}
     user = _request(rng, verb, obj, mentions, style.form)
     return Sample("tool" if n == 1 else "choose", [{"role": "user", "content": user}],
@@ -188,9 +201,8 @@ def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Styl
     schemas = [make_schema(rng, rng.randint(1, 3)) for _ in tools]
     _, _, mentions = make_schema(rng, rng.randint(1, 3))
     decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
-    content = f"None of the available tools can {verb} the {obj}."
-    verdict = f"The tool {ask_name} is not offered." if style.reasoning == "check" else "No tool does that."
-    reasoning = f"The user wants to {verb} the {obj}. {verdict}" if thinking else None
+    content = decline_content(verb, obj)
+    reasoning = decision_reasoning(verb, obj, ask_name, False, style) if thinking else None
     target = {"role": "assistant", "content": content, "reasoning_content": reasoning}
     return Sample("decline", [{"role": "user", "content": _request(rng, verb, obj, mentions, style.form)}], target,
                   {"tool": None, "text": content}, decl, thinking, _effort(rng, thinking), meta={"asked": ask_name})
@@ -255,7 +267,7 @@ def make_followup(rng: random.Random, held_out: bool, thinking: bool, style: Sty
     request = _request(rng, verb, obj, mentions, style.form)
     lines = style.form == "lines"
     user = request + f"\nThen tell me the {ask}." if lines else request[:-1] + f", then tell me the {ask}."
-    call_reason = f"The user wants to {verb} the {obj}. The tool {name} does that." if thinking else None
+    call_reason = decision_reasoning(verb, obj, name, True) if thinking else None
     messages = [{"role": "user", "content": user},
                 {"role": "assistant", "content": "", "reasoning_content": call_reason,
                  "tool_calls": [_call(name, values)]},
