@@ -3,7 +3,8 @@ answers part ways.
 
 A decline and a call share their first tokens (in thinking mode ``The user wants to <verb> the <object>.``),
 then part: `` No`` against `` The`` (reasoning ``plain``), `` is`` against `` does`` after the tool's name
-(reasoning ``check``), or, without thinking, the content's first token against the call's. For held-out
+(reasoning ``check``), or, without thinking, the content's first token against the call's (with ``nothink``
+``decide``, the content opens with those sentences and they part where the reasoning would). For held-out
 decline, single-tool and choose tasks this probe builds the other branch's answer, finds the first token
 where the two encodings differ, and reports P(right) / (P(right) + P(other)) there. A model that has not
 learnt the decision sits near its training prior for every kind alike.
@@ -40,10 +41,8 @@ def other_branch(s: tasks.Sample, style: tasks.Style) -> dict:
     if s.kind == "decline":
         name = asked if style.reasoning == "check" else s.tools[0]["function"]["name"]
         call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}
-        reasoning = tasks.decision_reasoning(verb, obj, name, True) if s.thinking else None
-        return {"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": reasoning}
-    reasoning = tasks.decision_reasoning(verb, obj, asked, False, style) if s.thinking else None
-    return {"role": "assistant", "content": tasks.decline_content(verb, obj), "reasoning_content": reasoning}
+        return {**tasks.decided(verb, obj, name, True, s.thinking, style), "tool_calls": [call]}
+    return tasks.decided(verb, obj, asked, False, s.thinking, style)
 
 
 @torch.no_grad()
@@ -83,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the model's --request-form (default: the shipped model's)")
     p.add_argument("--reasoning", choices=tasks.REASONINGS, default=tasks.SHIPPED.reasoning,
                    help="the model's --reasoning (default: the shipped model's)")
+    p.add_argument("--nothink", choices=tasks.NOTHINKS, default=tasks.SHIPPED.nothink,
+                   help="the model's --nothink (default: the shipped model's)")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error("--n must be >= 1")
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if (opened := open_source(args)) is None:
         return 2
     model, vocab, label = opened
-    res = probe(model, vocab, load_tokenizer(), tasks.Style(args.form, args.reasoning), args.n, args.seed)
+    res = probe(model, vocab, load_tokenizer(), tasks.Style(args.form, args.reasoning, args.nothink), args.n, args.seed)
     print(f"{label}: P(right branch) at the token where calling and declining part, held-out tasks")
     for (kind, thinking), ps in res.items():
         mean = sum(ps) / len(ps) if ps else float("nan")

@@ -29,6 +29,11 @@ FORMS = ("inline", "lines")
 # that would do it, as a call's reasoning does (``The tool close_payment``), then says it is not offered. Both
 # kinds then write a tool name before deciding, and the decision is whether that name was offered.
 REASONINGS = ("plain", "check")
+# What a tool, choose or decline answer says without thinking: "bare" (a call has empty content, a decline says
+# only ``None of the available tools can ...``) or "decide": the content opens with the sentences the reasoning
+# would hold (``The user wants to ... The tool close_payment is not offered.``), so the tool's name is written
+# before the decision in both modes, not decided at the answer's first token.
+NOTHINKS = ("bare", "decide")
 STYLED_KINDS = ("tool", "choose", "decline", "json", "followup", "lookup")  # the kinds a Style changes
 
 
@@ -38,12 +43,15 @@ class Style:
 
     form: str = "inline"
     reasoning: str = "plain"
+    nothink: str = "bare"
 
     def __post_init__(self) -> None:
         if self.form not in FORMS:
             raise ValueError(f"unknown request form {self.form!r}; known: {', '.join(FORMS)}")
         if self.reasoning not in REASONINGS:
             raise ValueError(f"unknown reasoning {self.reasoning!r}; known: {', '.join(REASONINGS)}")
+        if self.nothink not in NOTHINKS:
+            raise ValueError(f"unknown no-think answer {self.nothink!r}; known: {', '.join(NOTHINKS)}")
 
 
 PLAIN = Style()
@@ -175,6 +183,16 @@ def decline_content(verb: str, obj: str) -> str:
     return f"None of the available tools can {verb} the {obj}."
 
 
+def decided(verb: str, obj: str, name: str, offered: bool, thinking: bool, style: Style = PLAIN) -> dict[str, Any]:
+    """The assistant message of a call (``offered``: without ``tool_calls``, the caller adds them) or a decline:
+    the decision sentences go to the reasoning when thinking, to the content's start with ``nothink``
+    "decide", nowhere otherwise."""
+    sentences = decision_reasoning(verb, obj, name, offered, style)
+    said = "" if thinking or style.nothink == "bare" else sentences
+    content = said if offered else " ".join(filter(None, (said, decline_content(verb, obj))))
+    return {"role": "assistant", "content": content, "reasoning_content": sentences if thinking else None}
+
+
 def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int | None = None,
               style: Style = PLAIN) -> Sample:
     n = n_tools if n_tools is not None else 1
@@ -184,8 +202,7 @@ def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int |
     name, verb, obj = tools[pick]
     _, values, mentions = schemas[pick]
     decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
-    reasoning = decision_reasoning(verb, obj, name, True) if thinking else None
-    target = {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [_call(name, values)]}
+    target = {**decided(verb, obj, name, True, thinking, style), "tool_calls": [_call(name, values)]}
     user = _request(rng, verb, obj, mentions, style.form)
     return Sample("tool" if n == 1 else "choose", [{"role": "user", "content": user}],
                   target, {"tool": name, "arguments": values}, decl, thinking, _effort(rng, thinking))
@@ -201,11 +218,9 @@ def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Styl
     schemas = [make_schema(rng, rng.randint(1, 3)) for _ in tools]
     _, _, mentions = make_schema(rng, rng.randint(1, 3))
     decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
-    content = decline_content(verb, obj)
-    reasoning = decision_reasoning(verb, obj, ask_name, False, style) if thinking else None
-    target = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    target = decided(verb, obj, ask_name, False, thinking, style)
     return Sample("decline", [{"role": "user", "content": _request(rng, verb, obj, mentions, style.form)}], target,
-                  {"tool": None, "text": content}, decl, thinking, _effort(rng, thinking), meta={"asked": ask_name})
+                  {"tool": None, "text": target["content"]}, decl, thinking, _effort(rng, thinking), meta={"asked": ask_name})
 
 
 def closed(schema: dict[str, Any]) -> dict[str, Any]:
@@ -267,10 +282,8 @@ def make_followup(rng: random.Random, held_out: bool, thinking: bool, style: Sty
     request = _request(rng, verb, obj, mentions, style.form)
     lines = style.form == "lines"
     user = request + f"\nThen tell me the {ask}." if lines else request[:-1] + f", then tell me the {ask}."
-    call_reason = decision_reasoning(verb, obj, name, True) if thinking else None
     messages = [{"role": "user", "content": user},
-                {"role": "assistant", "content": "", "reasoning_content": call_reason,
-                 "tool_calls": [_call(name, values)]},
+                {**decided(verb, obj, name, True, thinking, style), "tool_calls": [_call(name, values)]},
                 {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(result, ensure_ascii=False)}]
     answer = f"The {ask} is {json.dumps(result[ask], ensure_ascii=False)}."
     reasoning = f"The tool returned the {ask}." if thinking else None

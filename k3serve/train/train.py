@@ -80,6 +80,7 @@ class TrainConfig:
     mix: str = ""
     request_form: str = "inline"
     reasoning: str = "plain"
+    nothink: str = "bare"
     embed_std: float = 1.0
     mla_init_std: float = 0.0
     prev_token_init: int = 0
@@ -112,7 +113,7 @@ class TrainConfig:
 
     @property
     def style(self) -> tasks.Style:
-        return tasks.Style(self.request_form, self.reasoning)
+        return tasks.Style(self.request_form, self.reasoning, self.nothink)
 
     @property
     def copy_warmup(self) -> data.CopyWarmup:
@@ -309,6 +310,8 @@ HELP = {
                     "'city: \"Paris\"' per line: the key is the token the call writes)",
     "reasoning": "how a decline's reasoning decides: plain ('No tool does that.') or check (names the tool that "
                  "would do it, then 'is not offered', as a call's reasoning names the tool it calls)",
+    "nothink": "what tool, choose and decline answers say without thinking: bare (a call's content is empty) or "
+               "decide (the content opens with the reasoning's sentences, so the name comes before the decision)",
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
     "prev_token_init": "start head 0 of this many leading KDA layers as a previous-token head (0: none)",
     "mla_init_std": "std of the initial MLA q_b/kv_a/kv_b/o projections (0: the writer's flat 0.02)",

@@ -36,6 +36,18 @@ def test_branches_part_at_the_decision(tok, reasoning, right, other):
             assert _parting(tok, tasks.make(kind, rng, held_out=True, thinking=True, style=style), style) == want
 
 
+def test_without_thinking_branches_part_at_the_verdict_when_the_content_decides(tok):
+    rng = random.Random(2)
+    bare, decide = tasks.Style("lines", "check"), tasks.Style("lines", "check", "decide")
+    for _ in range(5):
+        s = tasks.make("decline", rng, held_out=True, thinking=False, style=decide)
+        assert _parting(tok, s, decide) == (" is", " does")
+        assert _parting(tok, tasks.make("tool", rng, held_out=True, thinking=False, style=decide), decide) == (
+            " does", " is")
+        right, other = _parting(tok, tasks.make("decline", rng, held_out=True, thinking=False, style=bare), bare)
+        assert right == "None" and other != right  # the content's first token against the call's
+
+
 class _Always:
     """A stand-in model whose logits favour one token id everywhere (or none: uniform)."""
 

@@ -17,11 +17,11 @@ def tok():
 
 @pytest.mark.parametrize("kind", [*tasks.KINDS, *tasks.WARMUP_KINDS])
 @pytest.mark.parametrize("thinking", [False, True])
-@pytest.mark.parametrize("form", tasks.FORMS)
-def test_target_round_trips_and_scores(tok, kind, thinking, form):
+@pytest.mark.parametrize("style", [tasks.Style("inline"), tasks.Style("lines"), tasks.Style("lines", "check", "decide")])
+def test_target_round_trips_and_scores(tok, kind, thinking, style):
     rng = random.Random(hash((kind, thinking)) % 1000)
     for _ in range(5):
-        s = tasks.make(kind, rng, thinking=thinking, style=tasks.Style(form))
+        s = tasks.make(kind, rng, thinking=thinking, style=style)
         ids, n = encode_sample(s, tok)
         assert ids[:n] == [int(i) for i in prompt_ids(s, tok)]
         assert ids[-1] == STOP_ID and STOP_ID not in ids[n:-1]
@@ -156,6 +156,30 @@ def test_check_reasoning_names_the_tool_that_would_do_it():
         assert t.target["reasoning_content"].endswith(f" The tool {t.expected['tool']} does that.")
     plain = tasks.make("decline", random.Random(1), thinking=True)
     assert plain.target["reasoning_content"].endswith(" No tool does that.")
+
+
+def test_decide_without_thinking_opens_the_content_with_the_reasoning():
+    """``nothink="decide"``: a no-think answer's content starts with the very sentences a thinking answer
+    reasons with (same draws otherwise); thinking answers and the other kinds are unchanged."""
+    decide = tasks.Style("lines", "check", "decide")
+    for kind in ("tool", "choose", "decline", "followup", "json"):
+        for seed in range(8):
+            bare = tasks.make(kind, random.Random(seed), thinking=False, style=tasks.Style("lines", "check"))
+            said = tasks.make(kind, random.Random(seed), thinking=False, style=decide)
+            think = tasks.make(kind, random.Random(seed), thinking=True, style=decide)
+            assert think == tasks.make(kind, random.Random(seed), thinking=True, style=tasks.Style("lines", "check"))
+            assert said.expected.get("arguments") == bare.expected.get("arguments")
+            if kind in ("json", "followup"):
+                assert said.target == bare.target
+            if kind == "followup":  # the earlier call in the history says it too
+                assert said.messages[1]["content"] == think.messages[1]["reasoning_content"]
+            if kind in ("tool", "choose", "decline"):
+                assert said.target["reasoning_content"] is None
+                reasoning = think.target["reasoning_content"]
+                assert said.target["content"] == " ".join(filter(None, (reasoning, bare.target["content"])))
+                assert said.target.get("tool_calls") == bare.target.get("tool_calls")
+    with pytest.raises(ValueError, match="no-think"):
+        tasks.Style(nothink="long")
 
 
 def test_lexicon_words_are_single_tokens_and_recall_never_repeats_a_word(tok):
