@@ -27,11 +27,12 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from k3serve.train import pools, tasks
-from k3serve.train.render import encode_sample
+from k3serve.train import pools, sessions, tasks
+from k3serve.train.render import encode_sample, encode_turns
 from k3serve.train.vocab import CompactVocab
 
-MIX = {"tool": 0.18, "choose": 0.2, "decline": 0.18, "json": 0.17, "recall": 0.18, "followup": 0.12}
+# "session" (sessions.py: several requests over one tool set, every answer learnt) is off unless a mix asks for it
+MIX = {"tool": 0.18, "choose": 0.2, "decline": 0.18, "json": 0.17, "recall": 0.18, "followup": 0.12, "session": 0.0}
 SHORT, LONG = (4, 16), (110, 175)
 RAMP = (0.3, 0.75)  # recall lists grow from SHORT to LONG between these fractions of the steps
 RECALL_REF = 40  # recall keeps its full MIX weight up to this many records on average
@@ -44,6 +45,16 @@ class Encoded:
     kind: str
     ids: list[int]
     n_prompt: int
+    spans: tuple[tuple[int, int], ...] = ()  # the answers' [start, end) when there are several (sessions)
+
+    @property
+    def answers(self) -> tuple[tuple[int, int], ...]:
+        """The [start, end) spans with loss: every assistant message, or just what follows the prompt."""
+        return self.spans or ((self.n_prompt, len(self.ids)),)
+
+    @property
+    def n_answer(self) -> int:
+        return sum(end - start for start, end in self.answers)
 
 
 def recall_range(progress: float) -> tuple[int, int]:
@@ -233,9 +244,14 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
         kwargs["objects"] = warmup.lookup_objects
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
-    s = tasks.make(kind, rng, held_out=False, style=style, **kwargs)
+    if kind == "session":
+        s = sessions.make(rng, style=style)
+    else:
+        s = tasks.make(kind, rng, held_out=False, style=style, **kwargs)
     if s.tools and rng.random() < STRICT_SHARE:
         s = tasks.strict(s)
+    if kind == "session":  # a session brings its own history, and every answer in it is learnt
+        return Encoded(kind, *encode_turns(s, tokenizer))
     if history and kind != "recall" and rng.random() < history:
         s = with_history(rng, s, rng.randint(1, 3), style)
     ids, n = encode_sample(s, tokenizer)

@@ -3,7 +3,9 @@
     python -m k3serve.train.generate --n 20 --out /tmp/k3-tasks.jsonl [--held-out] [--seed 0]
 
 Each line: the OpenAI-style request (messages, tools, response_format, thinking, effort), the assistant
-``target``, the ``expected`` answer, the rendered K3 text (prompt + answer) and its token counts.
+``target``, the ``expected`` answer, the rendered K3 text (prompt + answer) and its token counts (a session's
+``answer_tokens`` counts every assistant message). Samples are written in the shipped model's style unless
+``--form``/``--reasoning``/``--nothink`` say otherwise.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import json
 import random
 import sys
 
-from k3serve.train import tasks
-from k3serve.train.render import encode_sample
+from k3serve.train import sessions, tasks
+from k3serve.train.render import encode_turns
 from k3serve.train.tok import load_tokenizer
 
 
@@ -25,22 +27,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="-", help="output .jsonl ('-' = stdout)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--held-out", action="store_true", help="draw held-out tool names (evaluation side)")
-    p.add_argument("--kinds", nargs="+", default=list(tasks.KINDS), choices=[*tasks.KINDS, *tasks.WARMUP_KINDS])
+    p.add_argument("--kinds", nargs="+", default=list(tasks.KINDS),
+                   choices=[*tasks.KINDS, *tasks.WARMUP_KINDS, "session"])
+    p.add_argument("--form", choices=tasks.FORMS, default=tasks.SHIPPED.form, help="how requests write values")
+    p.add_argument("--reasoning", choices=tasks.REASONINGS, default=tasks.SHIPPED.reasoning,
+                   help="how a decline's reasoning decides")
+    p.add_argument("--nothink", choices=tasks.NOTHINKS, default=tasks.SHIPPED.nothink,
+                   help="what a tool, choose or decline answer says without thinking")
     p.add_argument("--records", type=int, default=150, help="records in recall contexts (~14 tokens each)")
     args = p.parse_args(argv)
     if args.n < 1 or args.records < 1:
         print("error: --n and --records must be >= 1", file=sys.stderr)
         return 2
     tok, rng = load_tokenizer(), random.Random(args.seed)
+    style = tasks.Style(args.form, args.reasoning, args.nothink)
     out = sys.stdout if args.out == "-" else open(args.out, "w")
     try:
         for kind in args.kinds:
             for _ in range(args.n):
                 kwargs = {"records": args.records} if kind == "recall" else {}
-                s = tasks.make(kind, rng, held_out=args.held_out, **kwargs)
-                ids, n_prompt = encode_sample(s, tok)
+                if kind == "session":
+                    s = sessions.make(rng, held_out=args.held_out, style=style)
+                else:
+                    s = tasks.make(kind, rng, held_out=args.held_out, style=style, **kwargs)
+                ids, n_prompt, spans = encode_turns(s, tok)
                 row = dataclasses.asdict(s) | {"text": tok.decode(ids), "prompt_tokens": n_prompt,
-                                               "answer_tokens": len(ids) - n_prompt}
+                                               "answer_tokens": sum(b - a for a, b in spans)}
                 out.write(json.dumps(row, ensure_ascii=False) + "\n")
     finally:
         if out is not sys.stdout:

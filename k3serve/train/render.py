@@ -9,6 +9,7 @@ how the renderer writes that message into a later turn's history.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from k3serve.server.chat import K3, ChatOptions
@@ -43,6 +44,21 @@ def encode_sample(s: Sample, tokenizer) -> tuple[list[int], int]:
     if not cont or cont[-1] != STOP_ID:
         raise ValueError(f"{s.kind}: the answer does not end with <|end_of_msg|>")
     return prompt + cont, len(prompt)
+
+
+def encode_turns(s: Sample, tokenizer) -> tuple[list[int], int, tuple[tuple[int, int], ...]]:
+    """``encode_sample`` plus the ``(start, end)`` span of every assistant message: the earlier ones in
+    ``s.messages`` as well as the target. The renderer writes a history turn exactly as it writes a fresh
+    answer, so each span is what the model generates after that turn's generation prompt."""
+    ids, n_prompt = encode_sample(s, tokenizer)
+    spans = []
+    for j, m in enumerate(s.messages):
+        if m["role"] == "assistant":
+            turn, start = encode_sample(replace(s, messages=s.messages[:j], target=m, response_format=None), tokenizer)
+            if ids[:len(turn)] != turn:
+                raise ValueError(f"{s.kind}: assistant turn {j} is not rendered as a prefix of the conversation")
+            spans.append((start, len(turn)))
+    return ids, n_prompt, (*spans, (n_prompt, len(ids)))
 
 
 def parse_output(s: Sample, text: str) -> tuple[str, list[dict[str, Any]]]:

@@ -121,7 +121,7 @@ def make_schema(rng: random.Random, n_leaves: int, dumps: Dumps = TOOL_DUMPS
     return {"type": "object", "properties": props, "required": list(props)}, values, mentions
 
 
-def _tool(name: str, verb: str, obj: str, params: dict[str, Any]) -> dict[str, Any]:
+def declare_tool(name: str, verb: str, obj: str, params: dict[str, Any]) -> dict[str, Any]:
     # The request's own words: " verb the obj" tokenizes the same in both, so finding the offered tool that
     # does what was asked is matching a span (r5, with "Verb the obj.", called some tool when none fitted).
     desc = f"Use this to {verb} the {obj}."
@@ -136,7 +136,7 @@ def _mention_text(mentions: list[tuple[str, str]], form: str) -> str:
     return "; ".join(f"{k} {v}" for k, v in mentions)
 
 
-def _request(rng: random.Random, verb: str, obj: str, mentions: list[tuple[str, str]], form: str) -> str:
+def write_request(rng: random.Random, verb: str, obj: str, mentions: list[tuple[str, str]], form: str) -> str:
     m = _mention_text(mentions, form)
     if form == "lines":
         return rng.choice((f"Please {verb} the {obj} with:\n{m}", f"I need you to {verb} the {obj}. Use:\n{m}",
@@ -145,7 +145,7 @@ def _request(rng: random.Random, verb: str, obj: str, mentions: list[tuple[str, 
                        f"{verb.capitalize()} the {obj}: {m}.", f"Can you {verb} the {obj}? {m}."))
 
 
-def _toolset(rng: random.Random, held_out: bool, n: int) -> list[tuple[str, str, str]]:
+def draw_toolset(rng: random.Random, held_out: bool, n: int) -> list[tuple[str, str, str]]:
     """n distinct tools; later ones often share the first one's verb or object (hard negatives)."""
     first = pools.tool_name(rng, held_out)
     out = [first]
@@ -162,11 +162,11 @@ def _toolset(rng: random.Random, held_out: bool, n: int) -> list[tuple[str, str,
     return out
 
 
-def _effort(rng: random.Random, thinking: bool) -> str | None:
+def draw_effort(rng: random.Random, thinking: bool) -> str | None:
     return rng.choice(EFFORTS) if thinking else None
 
 
-def _call(name: str, args: dict[str, Any], k: int = 1) -> dict[str, Any]:
+def tool_call(name: str, args: dict[str, Any], k: int = 1) -> dict[str, Any]:
     return {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
 
@@ -196,16 +196,16 @@ def decided(verb: str, obj: str, name: str, offered: bool, thinking: bool, style
 def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int | None = None,
               style: Style = PLAIN) -> Sample:
     n = n_tools if n_tools is not None else 1
-    tools = _toolset(rng, held_out, n)
+    tools = draw_toolset(rng, held_out, n)
     schemas = [make_schema(rng, rng.randint(1, 4)) for _ in tools]
     pick = rng.randrange(n)
     name, verb, obj = tools[pick]
     _, values, mentions = schemas[pick]
-    decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
-    target = {**decided(verb, obj, name, True, thinking, style), "tool_calls": [_call(name, values)]}
-    user = _request(rng, verb, obj, mentions, style.form)
+    decl = [declare_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
+    target = {**decided(verb, obj, name, True, thinking, style), "tool_calls": [tool_call(name, values)]}
+    user = write_request(rng, verb, obj, mentions, style.form)
     return Sample("tool" if n == 1 else "choose", [{"role": "user", "content": user}],
-                  target, {"tool": name, "arguments": values}, decl, thinking, _effort(rng, thinking))
+                  target, {"tool": name, "arguments": values}, decl, thinking, draw_effort(rng, thinking))
 
 
 def make_choose(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN) -> Sample:
@@ -213,14 +213,15 @@ def make_choose(rng: random.Random, held_out: bool, thinking: bool, style: Style
 
 
 def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN) -> Sample:
-    tools = _toolset(rng, held_out, rng.randint(2, 5))
+    tools = draw_toolset(rng, held_out, rng.randint(2, 5))
     ask_name, verb, obj = tools.pop()  # asked for, then removed from the offer: a hard negative
     schemas = [make_schema(rng, rng.randint(1, 3)) for _ in tools]
     _, _, mentions = make_schema(rng, rng.randint(1, 3))
-    decl = [_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
+    decl = [declare_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
     target = decided(verb, obj, ask_name, False, thinking, style)
-    return Sample("decline", [{"role": "user", "content": _request(rng, verb, obj, mentions, style.form)}], target,
-                  {"tool": None, "text": target["content"]}, decl, thinking, _effort(rng, thinking), meta={"asked": ask_name})
+    user = write_request(rng, verb, obj, mentions, style.form)
+    return Sample("decline", [{"role": "user", "content": user}], target, {"tool": None, "text": target["content"]},
+                  decl, thinking, draw_effort(rng, thinking), meta={"asked": ask_name})
 
 
 def closed(schema: dict[str, Any]) -> dict[str, Any]:
@@ -255,7 +256,7 @@ def make_json(rng: random.Random, held_out: bool, thinking: bool, style: Style =
     content = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
     target = {"role": "assistant", "content": content, "reasoning_content": reasoning}
     return Sample("json", [{"role": "user", "content": user}], target, {"json": values}, None, thinking,
-                  _effort(rng, thinking), rf)
+                  draw_effort(rng, thinking), rf)
 
 
 def make_recall(rng: random.Random, held_out: bool, thinking: bool, records: int = 40) -> Sample:
@@ -270,26 +271,42 @@ def make_recall(rng: random.Random, held_out: bool, thinking: bool, records: int
     reasoning = f"I need record {pick}." if thinking else None
     target = {"role": "assistant", "content": lines[pick], "reasoning_content": reasoning}
     return Sample("recall", [{"role": "user", "content": user}], target, {"text": lines[pick]}, None, thinking,
-                  _effort(rng, thinking), meta={"records": records})
+                  draw_effort(rng, thinking), meta={"records": records})
+
+
+def draw_result(rng: random.Random, schema: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """A tool result (three keys the call did not use) and the key the user asks back."""
+    result_keys = rng.sample([k for k in pools.KEYS if k not in schema["properties"]], 3)
+    result = {k: _leaf(rng)[1] for k in result_keys}
+    return result, rng.choice(result_keys)
+
+
+def ask_back(request: str, ask: str, form: str) -> str:
+    """The request, then asking for ``ask`` from the tool's result."""
+    return request + f"\nThen tell me the {ask}." if form == "lines" else request[:-1] + f", then tell me the {ask}."
+
+
+def answer_from(result: dict[str, Any], ask: str, thinking: bool) -> dict[str, Any]:
+    answer = f"The {ask} is {json.dumps(result[ask], ensure_ascii=False)}."
+    return {"role": "assistant", "content": answer,
+            "reasoning_content": f"The tool returned the {ask}." if thinking else None}
+
+
+def tool_message(result: dict[str, Any], k: int = 1) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": f"call_{k}", "content": json.dumps(result, ensure_ascii=False)}
 
 
 def make_followup(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN) -> Sample:
     name, verb, obj = pools.tool_name(rng, held_out)
     schema, values, mentions = make_schema(rng, rng.randint(1, 3))
-    result_keys = rng.sample([k for k in pools.KEYS if k not in schema["properties"]], 3)
-    result = {k: _leaf(rng)[1] for k in result_keys}
-    ask = rng.choice(result_keys)
-    request = _request(rng, verb, obj, mentions, style.form)
-    lines = style.form == "lines"
-    user = request + f"\nThen tell me the {ask}." if lines else request[:-1] + f", then tell me the {ask}."
+    result, ask = draw_result(rng, schema)
+    user = ask_back(write_request(rng, verb, obj, mentions, style.form), ask, style.form)
     messages = [{"role": "user", "content": user},
-                {**decided(verb, obj, name, True, thinking, style), "tool_calls": [_call(name, values)]},
-                {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(result, ensure_ascii=False)}]
-    answer = f"The {ask} is {json.dumps(result[ask], ensure_ascii=False)}."
-    reasoning = f"The tool returned the {ask}." if thinking else None
-    target = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
-    return Sample("followup", messages, target, {"tool": None, "text": answer},
-                  [_tool(name, verb, obj, schema)], thinking, _effort(rng, thinking))
+                {**decided(verb, obj, name, True, thinking, style), "tool_calls": [tool_call(name, values)]},
+                tool_message(result)]
+    target = answer_from(result, ask, thinking)
+    return Sample("followup", messages, target, {"tool": None, "text": target["content"]},
+                  [declare_tool(name, verb, obj, schema)], thinking, draw_effort(rng, thinking))
 
 
 def make_copy(rng: random.Random, held_out: bool, thinking: bool, items: tuple[int, int] = (3, 24)) -> Sample:
@@ -302,7 +319,7 @@ def make_copy(rng: random.Random, held_out: bool, thinking: bool, items: tuple[i
     user = rng.choice((f'Repeat exactly: "{text}"', f'Copy this: "{text}"', f'Say it back: "{text}"'))
     target = {"role": "assistant", "content": text, "reasoning_content": "I will repeat it." if thinking else None}
     return Sample("copy", [{"role": "user", "content": user}], target, {"text": text}, None, thinking,
-                  _effort(rng, thinking))
+                  draw_effort(rng, thinking))
 
 
 def make_lookup(rng: random.Random, held_out: bool, thinking: bool, pairs: tuple[int, int] = (2, 6),
@@ -332,10 +349,11 @@ def make_lookup(rng: random.Random, held_out: bool, thinking: bool, pairs: tuple
         why = f"I need {len(asked)} values."
     target = {"role": "assistant", "content": content, "reasoning_content": why if thinking else None}
     return Sample("lookup", [{"role": "user", "content": user}], target, {"text": content}, None, thinking,
-                  _effort(rng, thinking))
+                  draw_effort(rng, thinking))
 
 
-MAKERS = {"copy": make_copy, "lookup": make_lookup, "tool": make_tool, "choose": make_choose, "decline": make_decline, "json": make_json,
+MAKERS = {"copy": make_copy, "lookup": make_lookup, "tool": make_tool, "choose": make_choose, "decline": make_decline,
+          "json": make_json,
           "recall": make_recall, "followup": make_followup}
 
 

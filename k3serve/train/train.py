@@ -159,7 +159,8 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
     flat = torch.tensor([i for e in batch for i in vocab.to_compact(e.ids)], device="cpu")
     pos, off = [], 0
     for e, n in zip(batch, lens):
-        pos.append(torch.arange(off + e.n_prompt - 1, off + n - 1, device="cpu"))  # each answer token's predecessor
+        # each answer token's predecessor, for every answer span of the sample
+        pos += [torch.arange(off + a - 1, off + b - 1, device="cpu") for a, b in e.answers]
         off += n
     pos_t = torch.cat(pos)
     target = flat[pos_t + 1].to(device)
@@ -168,11 +169,11 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
     if by_kind is not None:
         host = per_token.detach().cpu().tolist()
         off = 0
-        for e, n in zip(batch, lens):
+        for e in batch:
             acc = by_kind.setdefault(e.kind, [0.0, 0])
-            acc[0] += sum(host[off:off + n - e.n_prompt])
-            acc[1] += n - e.n_prompt
-            off += n - e.n_prompt
+            acc[0] += sum(host[off:off + e.n_answer])
+            acc[1] += e.n_answer
+            off += e.n_answer
     return per_token.mean(), target.numel()
 
 
