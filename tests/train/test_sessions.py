@@ -112,3 +112,16 @@ def test_mix_draws_sessions_only_when_asked(tok):
     mix = data.parse_mix("session=1,tool=0,choose=0,decline=0,json=0,recall=0,followup=0")
     e = data.draw(random.Random(1), tok, 0.9, mix=mix, style=tasks.Style("lines", "check", "decide"))
     assert e.kind == "session" and len(e.spans) >= 2
+
+
+def test_generate_writes_sessions_with_every_answer_counted(tmp_path):
+    from k3serve.train import generate
+
+    out = tmp_path / "s.jsonl"
+    assert generate.main(["--kinds", "session", "tool", "--n", "2", "--out", str(out), "--nothink", "decide"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["kind"] for r in rows] == ["session", "session", "tool", "tool"]
+    for r in rows:
+        full = len(load_tokenizer().encode(r["text"], allowed_special="all"))
+        last = full - r["prompt_tokens"]
+        assert r["answer_tokens"] > last if r["kind"] == "session" else r["answer_tokens"] == last
