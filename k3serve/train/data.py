@@ -244,10 +244,7 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
         kwargs["objects"] = warmup.lookup_objects
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
-    if kind == "session":
-        s = sessions.make(rng, style=style)
-    else:
-        s = tasks.make(kind, rng, held_out=False, style=style, **kwargs)
+    s = sessions.make(rng, style=style) if kind == "session" else tasks.make(kind, rng, style=style, **kwargs)
     if s.tools and rng.random() < STRICT_SHARE:
         s = tasks.strict(s)
     if kind == "session":  # a session brings its own history, and every answer in it is learnt

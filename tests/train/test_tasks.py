@@ -17,7 +17,8 @@ def tok():
 
 @pytest.mark.parametrize("kind", [*tasks.KINDS, *tasks.WARMUP_KINDS])
 @pytest.mark.parametrize("thinking", [False, True])
-@pytest.mark.parametrize("style", [tasks.Style("inline"), tasks.Style("lines"), tasks.Style("lines", "check", "decide")])
+@pytest.mark.parametrize("style", [tasks.Style("inline"), tasks.Style("lines"),
+                                   tasks.Style("lines", "check", "decide")])
 def test_target_round_trips_and_scores(tok, kind, thinking, style):
     rng = random.Random(hash((kind, thinking)) % 1000)
     for _ in range(5):
