@@ -55,7 +55,7 @@ class Style:
 
 
 PLAIN = Style()
-SHIPPED = Style("lines", "check")  # the shipped k3-default's (run wl2): evaluations and probes default to it
+SHIPPED = Style("lines", "check", "decide")  # the shipped k3-default's (run wl3): evaluations and probes default to it
 
 
 @dataclass(frozen=True)
