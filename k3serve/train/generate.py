@@ -17,7 +17,7 @@ import random
 import sys
 
 from k3serve.train import sessions, tasks
-from k3serve.train.render import encode_turns
+from k3serve.train.render import encode_sample, encode_turns
 from k3serve.train.tok import load_tokenizer
 
 
@@ -50,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
                     s = sessions.make(rng, held_out=args.held_out, style=style)
                 else:
                     s = tasks.make(kind, rng, held_out=args.held_out, style=style, **kwargs)
-                ids, n_prompt, spans = encode_turns(s, tok)
+                if kind == "session":  # every assistant message is learnt
+                    ids, n_prompt, spans = encode_turns(s, tok)
+                else:  # only the final answer is (a follow-up's earlier call is context)
+                    ids, n_prompt = encode_sample(s, tok)
+                    spans = ((n_prompt, len(ids)),)
                 row = dataclasses.asdict(s) | {"text": tok.decode(ids), "prompt_tokens": n_prompt,
                                                "answer_tokens": sum(b - a for a, b in spans)}
                 out.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -118,9 +118,10 @@ def test_generate_writes_sessions_with_every_answer_counted(tmp_path):
     from k3serve.train import generate
 
     out = tmp_path / "s.jsonl"
-    assert generate.main(["--kinds", "session", "tool", "--n", "2", "--out", str(out), "--nothink", "decide"]) == 0
+    kinds = ["session", "tool", "followup"]
+    assert generate.main(["--kinds", *kinds, "--n", "2", "--out", str(out), "--nothink", "decide"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["kind"] for r in rows] == ["session", "session", "tool", "tool"]
+    assert [r["kind"] for r in rows] == [k for k in kinds for _ in range(2)]
     for r in rows:
         full = len(load_tokenizer().encode(r["text"], allowed_special="all"))
         last = full - r["prompt_tokens"]
