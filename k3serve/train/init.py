@@ -22,7 +22,7 @@ from k3serve.models.writer import init_random_
 
 @torch.no_grad()
 def init_for_training(model: nn.Module, seed: int, embed_std: float = 1.0, mla_init_std: float = 0.0,
-                      prev_token_init: int = 0) -> None:
+                      prev_token_init: int = 0, split_residual: bool = False) -> None:
     """The writer's random init, with unit norms, uniform AttnRes mixing (zero pseudo-queries) and embedding
     rows of std ``embed_std``: with tied rows and a unit-RMS final norm (|h| ~ sqrt(d) = 8), a correct token
     must reach a logit well above log(V - |U|) ~ 12 (the zero rows' mass). Measured on a copy probe
@@ -44,6 +44,33 @@ def init_for_training(model: nn.Module, seed: int, embed_std: float = 1.0, mla_i
     kda = [m for m in model.modules() if isinstance(m, KimiDeltaAttention)]
     for m in kda[:prev_token_init]:
         _previous_token_head(m, 0)
+    if split_residual:
+        _split_residual(emb, kda[0], embed_std, g)
+
+
+SPLIT_GAIN = 2.0  # the previous-token feature's elements come out ~0.5 (gated norm); the embedding's ~1.4
+
+
+def _split_residual(emb: torch.Tensor, kda: KimiDeltaAttention, embed_std: float, g: torch.Generator) -> None:
+    """Token embeddings in the first half of the residual, the previous token in the second half.
+
+    An MLA key has to tell "the token before me was the current one" apart among up to 2k positions. With
+    both features spread over all d = 64 dims, each score carries a cross term of the two random embeddings
+    as large as 1/8 of the signal, and over 2k keys those terms bury it (a scratch computation: 75% top-1 with
+    a rank-32 head, against 100% when each feature has its own 32 dims). So the rows start in dims [0, d/2)
+    (at the same norm), and head 0 of the first KDA layer starts as a previous-token head (see
+    ``_previous_token_head``) whose value reads dims [0, d/2) and whose output writes dims [d/2, d)."""
+    d = emb.shape[1]
+    half = d // 2
+    emb.zero_()
+    emb[:, :half] = torch.randn(emb.shape[0], half, generator=g) * embed_std * math.sqrt(2.0)
+    _previous_token_head(kda, 0)
+    K = kda.head_dim
+    n = min(K, half)
+    kda.v_proj.weight[:K] = 0.0
+    kda.v_proj.weight[torch.arange(n), torch.arange(n)] = 1.0
+    kda.o_proj.weight[:, :K] = 0.0
+    kda.o_proj.weight[half + torch.arange(n), torch.arange(n)] = SPLIT_GAIN
 
 
 def _previous_token_head(m: KimiDeltaAttention, h: int) -> None:

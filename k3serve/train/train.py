@@ -15,6 +15,7 @@ with ``save_every`` compact snapshots ``<out>/compact/step_<k>.safetensors``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -31,7 +32,7 @@ from k3serve.core.config import ModelConfig
 from k3serve.layers.moe import MoEGate
 from k3serve.models.kimi import build_model
 from k3serve.models.registry import CONFIG_DIR
-from k3serve.train import data, parallel, tasks
+from k3serve.train import data, induction, parallel, tasks
 from k3serve.train.export import compact_config, export, load_params, save_compact
 from k3serve.train.forward import train_forward
 from k3serve.train.grow import import_checkpoint, is_checkpoint_dir
@@ -84,6 +85,8 @@ class TrainConfig:
     embed_std: float = 1.0
     mla_init_std: float = 0.0
     prev_token_init: int = 0
+    attn_sup: float = 0.0
+    split_residual: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "tokens_per_step", "threads", "workers", "log_every"):
@@ -150,10 +153,11 @@ class LoadTracker:
 
 
 def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
-              by_kind: dict[str, list[float]] | None = None) -> tuple[torch.Tensor, int]:
+              by_kind: dict[str, list[float]] | None = None, attn_weight: float = 0.0) -> tuple[torch.Tensor, int]:
     """Mean loss over the answer tokens of the batch, and how many there were; ``by_kind`` (if given)
     accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt.
-    The batch is assembled on the host and moved to the model's device in one copy each."""
+    ``attn_weight`` > 0 adds that times the MLA attention supervision of ``induction.py`` (logged as kind
+    ``attn``). The batch is assembled on the host and moved to the model's device in one copy each."""
     device = next(model.parameters()).device
     lens = [len(e.ids) for e in batch]
     flat = torch.tensor([i for e in batch for i in vocab.to_compact(e.ids)], device="cpu")
@@ -164,8 +168,19 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
         off += n
     pos_t = torch.cat(pos)
     target = flat[pos_t + 1].to(device)
-    hidden = train_forward(model, list(flat.to(device).split(lens)))
+    taps = induction.MLAInputs(model)
+    with taps if attn_weight > 0 else contextlib.nullcontext():
+        hidden = train_forward(model, list(flat.to(device).split(lens)))
     per_token = vocab.loss(model.compute_logits(hidden[pos_t.to(device)]), target, reduction="none")
+    loss = per_token.mean()
+    if attn_weight > 0:
+        attn, n_attn = induction.attention_loss(taps, lens, [induction.induction_targets(e.ids, e.answers)
+                                                             for e in batch])
+        loss = loss + attn_weight * attn
+        if by_kind is not None and n_attn:
+            acc = by_kind.setdefault("attn", [0.0, 0])
+            acc[0] += attn.item() * n_attn
+            acc[1] += n_attn
     if by_kind is not None:
         host = per_token.detach().cpu().tolist()
         off = 0
@@ -174,7 +189,7 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
             acc[0] += sum(host[off:off + e.n_answer])
             acc[1] += e.n_answer
             off += e.n_answer
-    return per_token.mean(), target.numel()
+    return loss, target.numel()
 
 
 @torch.no_grad()
@@ -208,7 +223,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     full = ModelConfig.from_file(cfg.config)
     vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1, style=cfg.style), full.text.vocab_size)
     model = build_model(compact_config(full, vocab))
-    init_for_training(model, cfg.seed, cfg.embed_std, cfg.mla_init_std, cfg.prev_token_init)
+    init_for_training(model, cfg.seed, cfg.embed_std, cfg.mla_init_std, cfg.prev_token_init, cfg.split_residual)
     if cfg.init_from and Path(cfg.init_from).is_dir():
         import_checkpoint(model, vocab, Path(cfg.init_from))
     elif cfg.init_from:
@@ -240,7 +255,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
         with parametrize.cached():
-            loss, _ = step_loss(model, vocab, batch, kinds)
+            loss, _ = step_loss(model, vocab, batch, kinds, cfg.attn_sup)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         parallel.average_grads(list(model.parameters()), world)
@@ -315,6 +330,10 @@ HELP = {
                "decide (the content opens with the reasoning's sentences, so the name comes before the decision)",
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
     "prev_token_init": "start head 0 of this many leading KDA layers as a previous-token head (0: none)",
+    "attn_sup": "weight of the loss that teaches head 0 of each MLA layer to attend where an induction head "
+                "would (train/induction.py; 0: off)",
+    "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
+                      "writing the second half, for MLA keys to match on (train/init.py)",
     "mla_init_std": "std of the initial MLA q_b/kv_a/kv_b/o projections (0: the writer's flat 0.02)",
 }
 
@@ -322,7 +341,9 @@ HELP = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, logs)")
     for f in dataclasses.fields(TrainConfig):
-        if f.name != "out":
+        if isinstance(f.default, bool):
+            p.add_argument("--" + f.name.replace("_", "-"), action="store_true", help=HELP[f.name])
+        elif f.name != "out":
             p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default) if f.name != "config" else Path,
                            default=f.default, help=HELP[f.name] + " (default: %(default)s)")
 

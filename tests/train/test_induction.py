@@ -1,0 +1,94 @@
+"""MLA attention supervision: the induction targets, and the loss against the layer's own attention."""
+
+import random
+
+import pytest
+import torch
+
+from k3serve.core.config import ModelConfig
+from k3serve.layers.mla import MLAttention
+from k3serve.models.kimi import build_model
+from k3serve.ops.mla.naive import naive_mla_attention
+from k3serve.train import data
+from k3serve.train.export import compact_config
+from k3serve.train.forward import train_forward
+from k3serve.train.induction import MLAInputs, attention_loss, head0_qk, induction_targets
+from k3serve.train.init import init_for_training
+from k3serve.train.train import DEFAULT_CONFIG, step_loss
+from k3serve.train.vocab import CompactVocab
+
+
+def test_targets_are_the_positions_after_earlier_occurrences():
+    #      0  1  2  3  4  5  6  7  8
+    ids = [7, 1, 2, 3, 9, 1, 2, 3, 1]
+    # answer tokens at 6..8: predecessors t = 5 (1 -> next 2: j = 2), 6 (2 -> 3: j = 3), 7 (3 -> 1: none, the
+    # only 3 before is followed by 9)
+    assert induction_targets(ids, [(6, 9)]) == [(5, [2]), (6, [3])]
+    # a source must be visible to the query (j <= t); several spans are read in order
+    assert induction_targets([4, 4, 4], [(1, 2), (2, 3)]) == [(1, [1])]
+    assert induction_targets(ids, [(6, 9)], max_sources=0) == []
+
+
+def test_a_synthetic_copy_has_a_source_for_every_answer_token():
+    rng = random.Random(3)
+    e = data.induce_sample(rng, list(range(1000, 1400)), (12, 12))
+    got = induction_targets(e.ids, e.answers)
+    n = e.n_prompt
+    assert [t for t, _ in got] == list(range(n - 1, len(e.ids) - 1))
+    assert all(len(s) == 1 and e.ids[s[0]] == e.ids[t + 1] for t, s in got)
+
+
+@pytest.fixture(scope="module")
+def model():
+    full = ModelConfig.from_file(DEFAULT_CONFIG)
+    vocab = CompactVocab(set(range(1000, 1400)), full.text.vocab_size)
+    m = build_model(compact_config(full, vocab))
+    init_for_training(m, 0, mla_init_std=0.3)  # sharper than the default, so the check is not on a flat softmax
+    return m, vocab
+
+
+def test_loss_is_minus_log_of_the_layers_own_attention_mass(model):
+    m, vocab = model
+    rng = random.Random(0)
+    seqs = [data.induce_sample(rng, list(range(1000, 1400)), (6, 9)) for _ in range(2)]
+    ids = [torch.tensor(vocab.to_compact(e.ids)) for e in seqs]
+    targets = [induction_targets(e.ids, e.answers) for e in seqs]
+    with torch.no_grad(), MLAInputs(m) as taps:
+        train_forward(m, ids)
+    loss, count = attention_loss(taps, [len(e.ids) for e in seqs], targets)
+    assert count == sum(len(t) for t in targets) > 0
+
+    # the same mass from the naive MLA spec: head 0's output with values that are one-hot positions
+    expected, n_terms = 0.0, 0
+    for layer, x in zip(taps.layers, taps.inputs):
+        off = 0
+        for e, tgt in zip(seqs, targets):
+            n = len(e.ids)
+            q, _ = head0_qk(layer, x[off:off + n])
+            lat = layer.latents(x[off:off + n]).float()
+            C, dn = layer.kv_lora_rank, layer.nope_dim
+            # kv_b rows for one head whose values read a position one-hot: latents carry the position
+            onehot_lat = torch.cat([lat[:, :C], torch.eye(n), lat[:, C:]], -1)
+            w = layer.kv_b_proj.weight[:dn].float()
+            kv_b = torch.cat([torch.cat([w, torch.zeros(dn, n)], 1), torch.cat([torch.zeros(n, C), torch.eye(n)], 1)])
+            # naive spec with latents [c | onehot] as its C + n "latent" and the rope part after
+            p = naive_mla_attention(q[:, None], onehot_lat, kv_b, nope_dim=dn, v_dim=n, scale=layer.scale)[:, 0]
+            for t, sources in tgt:
+                expected -= torch.log(p[t, sources].sum()).item()
+                n_terms += 1
+            off += n
+    assert loss.item() == pytest.approx(expected / n_terms, rel=1e-4)
+
+
+def test_step_loss_adds_the_supervision_and_its_gradient_reaches_the_queries(model):
+    m, vocab = model
+    rng = random.Random(1)
+    batch = [data.induce_sample(rng, list(range(1000, 1400)), (8, 8)) for _ in range(2)]
+    plain, _ = step_loss(m, vocab, batch)
+    kinds: dict = {}
+    m.zero_grad()
+    sup, _ = step_loss(m, vocab, batch, kinds, attn_weight=0.5)
+    assert sup.item() == pytest.approx(plain.item() + 0.5 * kinds["attn"][0] / kinds["attn"][1], rel=1e-5)
+    sup.backward()
+    mla = next(x for x in m.modules() if isinstance(x, MLAttention))
+    assert mla.q_b_proj.weight.grad[: mla.qk_dim].abs().sum() > 0  # head 0's query rows
