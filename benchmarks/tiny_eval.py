@@ -37,18 +37,20 @@ from k3serve.train.tok import load_tokenizer
 TARGETS = {"tool": 0.9, "decline": 0.9, "json": 0.9, "json_valid": 1.0, "recall": 0.95}
 RECALL_RECORDS = 150  # ~2.1k tokens of context
 FORM = tasks.SHIPPED.form  # how requests write their values: the form the shipped model was trained on
+RECALL = tasks.SHIPPED.recall  # how recall lists write their records: as the shipped model was trained
 
 
-def make_tasks(n: int, seed: int, strict_tools: bool = False, form: str = FORM) -> list[tasks.Sample]:
+def make_tasks(n: int, seed: int, strict_tools: bool = False, form: str = FORM,
+               recall: str = RECALL) -> list[tasks.Sample]:
     """``n`` held-out tasks per kind; thinking on for most, as the server's K3 default is. ``strict_tools``
     declares every tool strict (the same tasks otherwise: the draws do not depend on it); requests write
-    their values in ``form``."""
+    their values in ``form``, recall lists their records in ``recall`` (``tasks.RECALLS``)."""
     rng = random.Random(seed)
     out = []
     for kind in tasks.KINDS:
         for _ in range(n):
             kwargs = {"records": RECALL_RECORDS} if kind == "recall" else {}
-            s = tasks.make(kind, rng, held_out=True, style=tasks.Style(form), **kwargs)
+            s = tasks.make(kind, rng, held_out=True, style=tasks.Style(form, recall=recall), **kwargs)
             out.append(tasks.strict(s) if strict_tools else s)
     return out
 
@@ -155,16 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--form", choices=tasks.FORMS, default=FORM,
                    help="how requests write the values to use: inline ('city \"Paris\"; unit ...') or lines "
                         "(one 'city: \"Paris\"' per line); the default is the shipped model's training form")
+    p.add_argument("--recall", choices=tasks.RECALLS, default=RECALL,
+                   help="how recall lists write their records (passage: 'Record 237: \"w1 ...\"'; restate: 'Record 237 "
+                        "w1 ...', answered with the line); the default is the shipped model's")
     p.add_argument("--show", type=int, default=0, help="offline: print the raw output of this many tasks per kind")
     args = p.parse_args(argv)
     if args.n < 1:
         print("--n must be >= 1", file=sys.stderr)
         return 2
     tok = load_tokenizer()
-    samples = make_tasks(args.n, args.seed, args.strict_tools, args.form)
+    samples = make_tasks(args.n, args.seed, args.strict_tools, args.form, args.recall)
     lens = [len(prompt_ids(s, tok)) for s in samples if s.kind == "recall"]
     report: dict[str, Any] = {"n_per_kind": args.n, "seed": args.seed, "strict_tools": args.strict_tools,
-                              "form": args.form,
+                              "form": args.form, "recall_form": args.recall,
                               "recall_prompt_tokens": [min(lens), max(lens)]}
     if args.used_ids:
         used = set(json.loads(open(args.used_ids).read()))

@@ -34,13 +34,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="how a decline's reasoning decides")
     p.add_argument("--nothink", choices=tasks.NOTHINKS, default=tasks.SHIPPED.nothink,
                    help="what a tool, choose or decline answer says without thinking")
+    p.add_argument("--recall", choices=tasks.RECALLS, default=tasks.SHIPPED.recall,
+                   help="how recall lists write their records and the answer copies one")
     p.add_argument("--records", type=int, default=150, help="records in recall contexts (~14 tokens each)")
     args = p.parse_args(argv)
     if args.n < 1 or args.records < 1:
         print("error: --n and --records must be >= 1", file=sys.stderr)
         return 2
     tok, rng = load_tokenizer(), random.Random(args.seed)
-    style = tasks.Style(args.form, args.reasoning, args.nothink)
+    style = tasks.Style(args.form, args.reasoning, args.nothink, args.recall)
     out = sys.stdout if args.out == "-" else open(args.out, "w")
     try:
         for kind in args.kinds:

@@ -34,7 +34,13 @@ REASONINGS = ("plain", "check")
 # would hold (``The user wants to ... The tool close_payment is not offered.``), so the tool's name is written
 # before the decision in both modes, not decided at the answer's first token.
 NOTHINKS = ("bare", "decide")
-STYLED_KINDS = ("tool", "choose", "decline", "json", "followup", "lookup")  # the kinds a Style changes
+# How a recall list writes its records and the answer copies one: "passage" (``Record 237: "w1 ... w8"``, the
+# answer is ``w1 ... w8``) or "restate" (``Record 237 w1 ... w8``, the answer is that whole line). Restating
+# starts the answer with the label, so its first word is "the token after an earlier occurrence of the current
+# one" (the label) like every later word: one induction step, where "passage" has to find ``Record 237: "``
+# from the answer's opening markup.
+RECALLS = ("passage", "restate")
+STYLED_KINDS = ("tool", "choose", "decline", "json", "followup", "lookup", "recall")  # the kinds a Style changes
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class Style:
     form: str = "inline"
     reasoning: str = "plain"
     nothink: str = "bare"
+    recall: str = "passage"
 
     def __post_init__(self) -> None:
         if self.form not in FORMS:
@@ -52,6 +59,8 @@ class Style:
             raise ValueError(f"unknown reasoning {self.reasoning!r}; known: {', '.join(REASONINGS)}")
         if self.nothink not in NOTHINKS:
             raise ValueError(f"unknown no-think answer {self.nothink!r}; known: {', '.join(NOTHINKS)}")
+        if self.recall not in RECALLS:
+            raise ValueError(f"unknown recall answer {self.recall!r}; known: {', '.join(RECALLS)}")
 
 
 PLAIN = Style()
@@ -259,18 +268,24 @@ def make_json(rng: random.Random, held_out: bool, thinking: bool, style: Style =
                   draw_effort(rng, thinking), rf)
 
 
-def make_recall(rng: random.Random, held_out: bool, thinking: bool, records: int = 40) -> Sample:
+def make_recall(rng: random.Random, held_out: bool, thinking: bool, records: int = 40,
+                style: Style = PLAIN) -> Sample:
     """A list of ``records`` numbered lines (~13 tokens each); the asked one sits in the first quarter.
-    Passages are lexicon words, none repeated in the list (``pools.passage``)."""
+    Passages are lexicon words, none repeated in the list (``pools.passage``). ``style.recall`` sets how
+    records are written and answered (``RECALLS``)."""
     labels = rng.sample(range(100, 1000), records)
     used: set[str] = set()
     lines = {lab: " ".join(pools.passage(rng, 8, used)) for lab in labels}
     pick = labels[rng.randrange(max(1, records // 4))]
-    doc = "\n".join(f"Record {lab}: \"{lines[lab]}\"" for lab in labels)
+    restate = style.recall == "restate"
+    written = {lab: f"Record {lab} {text}" if restate else f"Record {lab}: \"{text}\"" for lab, text in lines.items()}
+    doc = "\n".join(written[lab] for lab in labels)
     user = f"Here are the records.\n{doc}\nCopy record {pick} exactly."
     reasoning = f"I need record {pick}." if thinking else None
-    target = {"role": "assistant", "content": lines[pick], "reasoning_content": reasoning}
-    return Sample("recall", [{"role": "user", "content": user}], target, {"text": lines[pick]}, None, thinking,
+    content = written[pick] if restate else lines[pick]
+    target = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    expected = {"text": lines[pick], "line": written[pick]} if restate else {"text": lines[pick]}
+    return Sample("recall", [{"role": "user", "content": user}], target, expected, None, thinking,
                   draw_effort(rng, thinking), meta={"records": records})
 
 
@@ -386,4 +401,5 @@ def score(sample: Sample, content: str, tool_calls: list[dict[str, Any]]) -> boo
             return False
     if sample.kind == "decline":
         return not tool_calls
-    return not tool_calls and content.strip() == exp["text"]
+    # a recall answer may restate the record's line (style "restate") or give its passage alone
+    return not tool_calls and content.strip() in (exp["text"], exp.get("line"))

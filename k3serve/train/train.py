@@ -82,6 +82,7 @@ class TrainConfig:
     request_form: str = "inline"
     reasoning: str = "plain"
     nothink: str = "bare"
+    recall_form: str = "passage"
     embed_std: float = 1.0
     mla_init_std: float = 0.0
     prev_token_init: int = 0
@@ -116,7 +117,7 @@ class TrainConfig:
 
     @property
     def style(self) -> tasks.Style:
-        return tasks.Style(self.request_form, self.reasoning, self.nothink)
+        return tasks.Style(self.request_form, self.reasoning, self.nothink, self.recall_form)
 
     @property
     def copy_warmup(self) -> data.CopyWarmup:
@@ -328,6 +329,8 @@ HELP = {
                  "would do it, then 'is not offered', as a call's reasoning names the tool it calls)",
     "nothink": "what tool, choose and decline answers say without thinking: bare (a call's content is empty) or "
                "decide (the content opens with the reasoning's sentences, so the name comes before the decision)",
+    "recall_form": "how recall lists write records and the answer copies one: passage ('Record 237: \"w1 ...\"', "
+                   "answered 'w1 ...') or restate ('Record 237 w1 ...', answered with that line)",
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
     "prev_token_init": "start head 0 of this many leading KDA layers as a previous-token head (0: none)",
     "attn_sup": "weight of the loss that teaches head 0 of each MLA layer to attend where an induction head "

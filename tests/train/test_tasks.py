@@ -18,7 +18,7 @@ def tok():
 @pytest.mark.parametrize("kind", [*tasks.KINDS, *tasks.WARMUP_KINDS])
 @pytest.mark.parametrize("thinking", [False, True])
 @pytest.mark.parametrize("style", [tasks.Style("inline"), tasks.Style("lines"),
-                                   tasks.Style("lines", "check", "decide")])
+                                   tasks.Style("lines", "check", "decide", "restate")])
 def test_target_round_trips_and_scores(tok, kind, thinking, style):
     rng = random.Random(hash((kind, thinking)) % 1000)
     for _ in range(5):
@@ -66,6 +66,25 @@ def test_recall_target_is_far_back():
     s = tasks.make("recall", random.Random(11), records=100)
     doc = s.messages[0]["content"]
     assert doc.index(s.expected["text"]) < len(doc) // 4 + 200
+
+
+def test_restated_recall_answers_with_the_line_and_every_word_is_one_induction_step(tok):
+    from k3serve.train.induction import induction_targets
+
+    plain = tasks.make("recall", random.Random(5), records=120, thinking=False)
+    s = tasks.make("recall", random.Random(5), records=120, thinking=False, style=tasks.Style(recall="restate"))
+    assert s.expected["text"] == plain.expected["text"]  # same draws: only the writing differs
+    assert s.target["content"] == s.expected["line"] == f"Record {s.expected['line'].split()[1]} {s.expected['text']}"
+    assert s.expected["line"] in s.messages[0]["content"].split("\n")
+    assert tasks.score(s, s.expected["text"], []) and tasks.score(s, s.expected["line"], [])
+    assert not tasks.score(s, plain.target["content"] + " extra", [])
+    ids, n = encode_sample(s, tok)
+    # from the label on ("Record", " ", label, 8 words), each answer token has a source: an earlier position
+    # that follows an occurrence of its predecessor (t is the predecessor's position)
+    found = {t for t, _ in induction_targets(ids, [(n, len(ids))])}
+    assert set(range(n + 1, n + 10)) <= found
+    with pytest.raises(ValueError, match="unknown recall answer"):
+        tasks.Style(recall="summary")
 
 
 def test_unknown_kind():
