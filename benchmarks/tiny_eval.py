@@ -35,7 +35,9 @@ from k3serve.train.render import STOP_ID, parse_output, prompt_ids
 from k3serve.train.tok import load_tokenizer
 
 TARGETS = {"tool": 0.9, "decline": 0.9, "json": 0.9, "json_valid": 1.0, "recall": 0.95}
-RECALL_RECORDS = 150  # ~2.1k tokens of context
+# records per recall list, by recall form: ~2.1k tokens of context either way (a restated record is two tokens
+# shorter); training lists go up to 175 records
+RECALL_RECORDS = {"passage": 150, "restate": 170}
 FORM = tasks.SHIPPED.form  # how requests write their values: the form the shipped model was trained on
 RECALL = tasks.SHIPPED.recall  # how recall lists write their records: as the shipped model was trained
 
@@ -49,7 +51,7 @@ def make_tasks(n: int, seed: int, strict_tools: bool = False, form: str = FORM,
     out = []
     for kind in tasks.KINDS:
         for _ in range(n):
-            kwargs = {"records": RECALL_RECORDS} if kind == "recall" else {}
+            kwargs = {"records": RECALL_RECORDS[recall]} if kind == "recall" else {}
             s = tasks.make(kind, rng, held_out=True, style=tasks.Style(form, recall=recall), **kwargs)
             out.append(tasks.strict(s) if strict_tools else s)
     return out

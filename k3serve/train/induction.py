@@ -95,8 +95,7 @@ def attention_loss(taps: MLAInputs, lens: Sequence[int],
                 visible = torch.arange(n, device=q.device)[None, :] <= t[:, None]
                 logp = torch.log_softmax(scores.masked_fill(~visible, float("-inf")), -1)
                 hit = torch.zeros_like(visible)
-                for r, (_, sources) in enumerate(tgt):
-                    hit[r, sources] = True
+                hit[[r for r, (_, src) in enumerate(tgt) for _ in src], [j for _, src in tgt for j in src]] = True
                 mass = torch.logsumexp(logp.masked_fill(~hit, float("-inf")), -1)
                 total = -mass.sum() if total is None else total - mass.sum()
             off += n

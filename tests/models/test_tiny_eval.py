@@ -52,3 +52,16 @@ def test_without_a_model_name_it_asks_for_the_first_served_model(tiny_eval):
     ask = tiny_eval.http_answer("http://test/v1", None, None, transport=httpx.MockTransport(serve))
     ask(tasks.make("json", random.Random(0), held_out=True, thinking=False))
     assert sent == ["k3-default"]
+
+
+@pytest.mark.parametrize("recall", tasks.RECALLS)
+def test_recall_lists_hold_at_least_2k_tokens_in_either_form(tiny_eval, recall):
+    from k3serve.train.render import prompt_ids
+    from k3serve.train.tok import load_tokenizer
+
+    tok = load_tokenizer()
+    samples = [s for s in tiny_eval.make_tasks(3, 7, recall=recall) if s.kind == "recall"]
+    assert len(samples) == 3
+    assert all(len(prompt_ids(s, tok)) >= 2000 for s in samples)
+    line = samples[0].expected.get("line")
+    assert (line is not None) == (recall == "restate")
