@@ -169,8 +169,8 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
         off += n
     pos_t = torch.cat(pos)
     target = flat[pos_t + 1].to(device)
-    taps = induction.MLAInputs(model)
-    with taps if attn_weight > 0 else contextlib.nullcontext():
+    taps = induction.MLAInputs(model) if attn_weight > 0 else None
+    with taps or contextlib.nullcontext():
         hidden = train_forward(model, list(flat.to(device).split(lens)))
     per_token = vocab.loss(model.compute_logits(hidden[pos_t.to(device)]), target, reduction="none")
     loss = per_token.mean()
