@@ -66,16 +66,33 @@ def _split_residual(emb: torch.Tensor, kda: KimiDeltaAttention, embed_std: float
     half = d // 2
     emb.zero_()
     emb[:, :half] = torch.randn(emb.shape[0], half, generator=g) * embed_std * math.sqrt(2.0)
-    _previous_token_head(kda, 0)
+    context_heads(kda, 1, half)
+
+
+SHIFT_DECAY = 0.5  # each further previous token writes the second half at half the gain of the one after it
+
+
+@torch.no_grad()
+def context_heads(kda: KimiDeltaAttention, shifts: int, half: int) -> None:
+    """Heads 0..shifts-1 of ``kda`` as previous-token heads for x_{t-1}, x_{t-2}, ...: each value reads
+    dims [0, half) of its token and each output adds into dims [half, 2 half) with gain SPLIT_GAIN x
+    SHIFT_DECAY^h. With shifts > 1 the second half holds the tokens before, most recent first, so an MLA key
+    can match a context of several tokens: a call's next key is the token after the *value just written*
+    (and the separator), which one previous token (a separator) does not single out."""
     K = kda.head_dim
     n = min(K, half)
-    kda.v_proj.weight[:K] = 0.0
-    kda.v_proj.weight[torch.arange(n), torch.arange(n)] = 1.0
-    kda.o_proj.weight[:, :K] = 0.0
-    kda.o_proj.weight[half + torch.arange(n), torch.arange(n)] = SPLIT_GAIN
+    if not 1 <= shifts <= min(kda.num_heads, kda.conv_size - 1):
+        raise ValueError(f"split shifts must be 1..{min(kda.num_heads, kda.conv_size - 1)}, got {shifts}")
+    for h in range(shifts):
+        _previous_token_head(kda, h, shift=h + 1)
+        rows = slice(h * K, (h + 1) * K)
+        kda.v_proj.weight[rows] = 0.0
+        kda.v_proj.weight[h * K + torch.arange(n), torch.arange(n)] = 1.0
+        kda.o_proj.weight[:, rows] = 0.0
+        kda.o_proj.weight[half + torch.arange(n), h * K + torch.arange(n)] = SPLIT_GAIN * SHIFT_DECAY ** h
 
 
-def _previous_token_head(m: KimiDeltaAttention, h: int) -> None:
+def _previous_token_head(m: KimiDeltaAttention, h: int, shift: int = 1) -> None:
     """Start head ``h`` of a KDA layer as a previous-token head: its output is (a gated, normalised
     projection of) the token before, o_t = beta_t * v_{t-1}. The softmax layers have no positions, so
     finding "the token after an earlier occurrence of this one" needs that feature in their keys (in i1
@@ -83,11 +100,11 @@ def _previous_token_head(m: KimiDeltaAttention, h: int) -> None:
     holds ~10-20 tokens). Measured: with it MLA still did not copy within 300-step probes (RESULTS.md).
     How: the decay forgets the state at every step (log decay ~ -50), q and k are the same projection of
     the current token (so q.k = 1 after the L2 norm) and the value filter reads only x_{t-1}; the delta
-    rule then leaves S_t = beta_t k_t v_t^T."""
+    rule then leaves S_t = beta_t k_t v_t^T. ``shift`` s > 1 reads x_{t-s} instead (up to the conv width - 1)."""
     K = m.head_dim
     sl = slice(h * K, (h + 1) * K)
     m.k_proj.weight[sl] = m.q_proj.weight[sl]
-    for conv, tap in ((m.q_conv1d, -1), (m.k_conv1d, -1), (m.v_conv1d, -2)):
+    for conv, tap in ((m.q_conv1d, -1), (m.k_conv1d, -1), (m.v_conv1d, -1 - shift)):
         conv.weight[sl] = 0.0
         conv.weight[sl, 0, tap] = 1.0
     m.A_log[h] = math.log(16.0)

@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from k3serve.core.config import ModelConfig
+from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.moe import MoEGate
 from k3serve.models.kimi import build_model
 from k3serve.models.registry import CONFIG_DIR
@@ -36,7 +37,7 @@ from k3serve.train import data, induction, parallel, tasks
 from k3serve.train.export import compact_config, export, load_params, save_compact
 from k3serve.train.forward import train_forward
 from k3serve.train.grow import import_checkpoint, is_checkpoint_dir
-from k3serve.train.init import init_for_training
+from k3serve.train.init import context_heads, init_for_training
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.qat import enable_qat, expert_modules
 from k3serve.train.vocab import CompactVocab
@@ -88,11 +89,14 @@ class TrainConfig:
     prev_token_init: int = 0
     attn_sup: float = 0.0
     split_residual: bool = False
+    split_shifts: int = 0
 
     def __post_init__(self) -> None:
         for name in ("steps", "tokens_per_step", "threads", "workers", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.split_shifts < 0:
+            raise ValueError("split_shifts must be >= 0")
         if self.save_every < 0:
             raise ValueError("save_every must be >= 0")
         if not 0.0 <= self.qat_from <= 1.0:
@@ -229,6 +233,9 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
         import_checkpoint(model, vocab, Path(cfg.init_from))
     elif cfg.init_from:
         load_params(model, vocab, Path(cfg.init_from))
+    if cfg.split_shifts:  # after any import: a run may continue a checkpoint with more context heads
+        first_kda = next(m for m in model.modules() if isinstance(m, KimiDeltaAttention))
+        context_heads(first_kda, cfg.split_shifts, full.text.hidden_size // 2)
     model.to(cfg.device)
     if rank == 0:  # first, so compact snapshots are usable while the run goes on
         (cfg.out / "used_ids.json").write_text(json.dumps(vocab.ids))
@@ -337,6 +344,9 @@ HELP = {
                 "would (train/induction.py; 0: off)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
                       "writing the second half, for MLA keys to match on (train/init.py)",
+    "split_shifts": "make heads 0..N-1 of the first KDA layer previous-token heads for the N tokens before, "
+                    "written into the residual's second half with halving gains (train/init.py context_heads; "
+                    "0: leave them)",
     "mla_init_std": "std of the initial MLA q_b/kv_a/kv_b/o projections (0: the writer's flat 0.02)",
 }
 

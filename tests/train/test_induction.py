@@ -92,3 +92,35 @@ def test_step_loss_adds_the_supervision_and_its_gradient_reaches_the_queries(mod
     sup.backward()
     mla = next(x for x in m.modules() if isinstance(x, MLAttention))
     assert mla.q_b_proj.weight.grad[: mla.qk_dim].abs().sum() > 0  # head 0's query rows
+
+
+@torch.no_grad()
+def test_context_heads_write_the_tokens_before_into_the_second_half():
+    from k3serve.layers.kda import KimiDeltaAttention
+    from k3serve.train.init import SHIFT_DECAY, SPLIT_GAIN, context_heads
+
+    full = ModelConfig.from_file(DEFAULT_CONFIG)
+    vocab = CompactVocab(set(range(1000, 1400)), full.text.vocab_size)
+    m = build_model(compact_config(full, vocab))
+    init_for_training(m, 0, split_residual=True)
+    kda = next(x for x in m.modules() if isinstance(x, KimiDeltaAttention))
+    half, K = full.text.hidden_size // 2, kda.head_dim
+    context_heads(kda, 3, half)
+    kda.g_proj.weight.zero_()  # output gate sigmoid(0) = 1/2 everywhere, for a closed-form expectation
+    seen = []
+    hook = kda.register_forward_hook(lambda mod, args, out: seen.append((args[0], out)))
+    train_forward(m, [torch.tensor(vocab.to_compact(random.Random(0).sample(range(1000, 1400), 40)))])
+    hook.remove()
+    x, out = seen[0]
+    n = min(K, half)
+
+    def feature(v: torch.Tensor) -> torch.Tensor:  # a head's value, RMS-normed and gated, as the layer writes it
+        v = torch.nn.functional.silu(v[:n].float())
+        return v * torch.rsqrt(v.pow(2).mean() + full.text.rms_norm_eps) * 0.5
+
+    for t in range(3, 40):
+        want = sum(SPLIT_GAIN * SHIFT_DECAY ** h * feature(x[t - 1 - h, :n]) for h in range(3))
+        got = out[t, half:half + n].float()
+        assert torch.nn.functional.cosine_similarity(got, want, dim=0) > 0.98, t
+    with pytest.raises(ValueError, match="split shifts"):
+        context_heads(kda, 4, half)
