@@ -62,6 +62,13 @@ class MLAttention(nn.Module):
         ckv = self.kv_a_proj_with_mqa(x)
         return torch.cat([self.kv_a_layernorm(ckv[:, : self.kv_lora_rank]), ckv[:, self.kv_lora_rank:]], -1)
 
+    def keys(self, latents: torch.Tensor) -> torch.Tensor:
+        """Expanded keys ``[N, H, Dn + R]`` of cached latents ``[N, C + R]`` (k_rot shared by all heads, NoPE):
+        what the attention ops score against, for probes and training losses that need the scores."""
+        N, C = latents.shape[0], self.kv_lora_rank
+        k_nope = self.kv_b_proj(latents[:, :C]).view(N, self.num_heads, self.nope_dim + self.v_dim)[..., :self.nope_dim]
+        return torch.cat([k_nope, latents[:, None, C:].expand(N, self.num_heads, self.rope_dim)], -1)
+
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         N = x.shape[0]
         q, latents = self.queries(x), self.latents(x)

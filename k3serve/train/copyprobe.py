@@ -59,11 +59,8 @@ def copy_accuracy(model: nn.Module, vocab: CompactVocab, n: int, samples: int = 
 
 def _scores(m: MLAttention, x: torch.Tensor) -> torch.Tensor:
     """Attention probabilities ``[H, N, N]`` of one sequence's MLA layer input ``x`` ``[N, d]``."""
-    N, H = x.shape[0], m.num_heads
-    lat = m.latents(x)
-    kv = m.kv_b_proj(lat[:, :m.kv_lora_rank]).view(N, H, m.nope_dim + m.v_dim)
-    k = torch.cat([kv[..., :m.nope_dim], lat[:, None, m.kv_lora_rank:].expand(N, H, m.rope_dim)], -1)
-    s = torch.einsum("qhd,khd->hqk", m.queries(x), k) * m.scale
+    N = x.shape[0]
+    s = torch.einsum("qhd,khd->hqk", m.queries(x), m.keys(m.latents(x))) * m.scale
     return s.masked_fill(torch.ones(N, N, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
 
 

@@ -71,10 +71,7 @@ class MLAInputs:
 def head0_qk(m: MLAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Head 0's queries and keys ``[N, Dn + R]`` of x ``[N, d]``, as the layer scores them (NoPE)."""
     q = m.queries(x)[:, 0].float()
-    lat = m.latents(x)
-    C = m.kv_lora_rank
-    w = m.kv_b_proj.weight[: m.nope_dim]  # head 0's k_nope rows
-    k = torch.cat([torch.nn.functional.linear(lat[:, :C], w), lat[:, C:]], -1).float()
+    k = m.keys(m.latents(x))[:, 0].float()
     return q, k
 
 
