@@ -14,6 +14,18 @@ For the MLA keys to tell those j apart, the residual at j has to carry ids[j-1]:
 the earlier (KDA) layers through the keys and asks them for that previous-token feature. Only the
 attention is supervised; what the head outputs is left to the language-model loss.
 
+A head trained on those positions alone copies after every repeated token, also where the copy is wrong:
+run wi1 wrote the previous argument again after ``argument key="`` (30 of its 36 failed calls). The misses
+are answer positions whose current token occurred before in the same answer, and never (anywhere) followed by
+the next token:
+
+    misses(t)  = { a <= j <= t : ids[j-1] == ids[t] }   (answer from a; 1..max_sources; no source at all)
+    miss_t     = -log (1 - sum_{j in misses(t)} softmax_j(...))
+
+so the head learns not to repeat its own answer (its weight is separate, ``--attn-miss``). Misses against
+the prompt are left alone: run wm_p counted them too and lost every decline (0/10), since the same head
+finding a tool's name among the declared ones is how the model tells whether it is offered.
+
 Shapes: MLA input x ``[N, d]`` (packed), head-0 queries ``[N, Dn + R]``, keys ``[N, Dn + R]``.
 """
 
@@ -25,14 +37,37 @@ import torch
 from torch import nn
 
 from k3serve.layers.mla import MLAttention
+from k3serve.train.data import SPECIAL_BASE  # the format's tags: never looked up
 
 MAX_SOURCES = 8  # a token with more earlier sources than this (quotes, commas) is not a lookup
+LOOKUP_SOURCES = 4  # a key stands in the schema's properties, its required list and the request: 3
+
+
+def lookup_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
+                   max_sources: int = LOOKUP_SOURCES) -> list[tuple[int, list[int]]]:
+    """``(t, sources)`` for each answer token ``ids[t + 1]`` that no induction step gives (no earlier
+    ``ids[t]`` is followed by it) but that stands at 1..``max_sources`` positions j of the prompt before the
+    answer: the lookups (the next argument's key, a value asked by its field, a record's number). Special
+    tokens are the format's, never looked up."""
+    out: list[tuple[int, list[int]]] = []
+    at: dict[int, list[int]] = {}
+    for j, tok in enumerate(ids):
+        at.setdefault(tok, []).append(j)
+    induced = {t for t, _ in induction_targets(ids, answers, max_sources=len(ids))}
+    for a, b in sorted(answers):
+        for t in range(a - 1, b - 1):
+            sources = [j for j in at.get(ids[t + 1], ()) if j < a]
+            if t not in induced and ids[t + 1] < SPECIAL_BASE and 0 < len(sources) <= max_sources:
+                out.append((t, sources))
+    return out
 
 
 def induction_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
-                      max_sources: int = MAX_SOURCES) -> list[tuple[int, list[int]]]:
+                      max_sources: int = MAX_SOURCES, misses: bool = False) -> list[tuple[int, list[int]]]:
     """``(t, sources)`` for each answer token ``ids[t + 1]`` (t = its predecessor, as in the LM loss)
-    with 1..``max_sources`` earlier positions j <= t where ``ids[j-1] == ids[t]`` and ``ids[j] == ids[t+1]``."""
+    with 1..``max_sources`` earlier positions j <= t where ``ids[j-1] == ids[t]`` and ``ids[j] == ids[t+1]``.
+    With ``misses``, instead ``(t, candidates)`` where 1..``max_sources`` positions of the same answer follow an
+    earlier ``ids[t]`` and no position at all is followed by ``ids[t+1]``: where copying itself would be wrong."""
     after: dict[int, list[int]] = {}  # token -> positions j whose predecessor is that token, in order
     out: list[tuple[int, list[int]]] = []
     filled = 1
@@ -42,8 +77,13 @@ def induction_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
                 after.setdefault(ids[filled - 1], []).append(filled)
                 filled += 1
             nxt = ids[t + 1]
-            sources = [j for j in after.get(ids[t], ()) if ids[j] == nxt]
-            if 0 < len(sources) <= max_sources:
+            cands = after.get(ids[t], [])
+            sources = [j for j in cands if ids[j] == nxt]
+            if misses:
+                own = [j for j in cands if j >= a]  # only the answer's own earlier tokens
+                if own and not sources and len(own) <= max_sources:
+                    out.append((t, own))
+            elif 0 < len(sources) <= max_sources:
                 out.append((t, sources))
     return out
 
@@ -68,22 +108,24 @@ class MLAInputs:
         self._hooks = []
 
 
-def head0_qk(m: MLAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Head 0's queries and keys ``[N, Dn + R]`` of x ``[N, d]``, as the layer scores them (NoPE)."""
-    q = m.queries(x)[:, 0].float()
-    k = m.keys(m.latents(x))[:, 0].float()
+def head0_qk(m: MLAttention, x: torch.Tensor, head: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Head 0's (or ``head``'s) queries and keys ``[N, Dn + R]`` of x ``[N, d]``, as the layer scores them."""
+    q = m.queries(x)[:, head].float()
+    k = m.keys(m.latents(x))[:, head].float()
     return q, k
 
 
-def attention_loss(taps: MLAInputs, lens: Sequence[int],
-                   targets: Sequence[list[tuple[int, list[int]]]]) -> tuple[torch.Tensor, int]:
+def attention_loss(taps: MLAInputs, lens: Sequence[int], targets: Sequence[list[tuple[int, list[int]]]],
+                   avoid: bool = False, head: int = 0) -> tuple[torch.Tensor, int]:
     """Mean over MLA layers and supervised positions of ``-log`` (head-0 attention mass on the sources),
-    and the number of supervised positions per layer. ``targets[i]`` are sequence i's (local positions)."""
+    and the number of supervised positions per layer. ``targets[i]`` are sequence i's (local positions).
+    With ``avoid`` the targets are misses and the loss is ``-log`` (mass everywhere else); ``head`` picks
+    another head than 0 (the lookups train head 1, so one head does not have to do both)."""
     total, count = None, sum(len(t) for t in targets)
     if count == 0 or not taps.inputs:
         return torch.zeros(()), 0
     for m, x in zip(taps.layers, taps.inputs):
-        q, k = head0_qk(m, x)
+        q, k = head0_qk(m, x, head)
         off = 0
         for n, tgt in zip(lens, targets):
             if tgt:
@@ -93,6 +135,8 @@ def attention_loss(taps: MLAInputs, lens: Sequence[int],
                 logp = torch.log_softmax(scores.masked_fill(~visible, float("-inf")), -1)
                 hit = torch.zeros_like(visible)
                 hit[[r for r, (_, src) in enumerate(tgt) for _ in src], [j for _, src in tgt for j in src]] = True
+                if avoid:  # position 0 is never a candidate (j >= 1), so the rest is never empty
+                    hit = visible & ~hit
                 mass = torch.logsumexp(logp.masked_fill(~hit, float("-inf")), -1)
                 total = -mass.sum() if total is None else total - mass.sum()
             off += n

@@ -88,6 +88,8 @@ class TrainConfig:
     mla_init_std: float = 0.0
     prev_token_init: int = 0
     attn_sup: float = 0.0
+    attn_miss: float = 0.0
+    attn_lookup: float = 0.0
     split_residual: bool = False
     split_shifts: int = 0
 
@@ -158,11 +160,13 @@ class LoadTracker:
 
 
 def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
-              by_kind: dict[str, list[float]] | None = None, attn_weight: float = 0.0) -> tuple[torch.Tensor, int]:
+              by_kind: dict[str, list[float]] | None = None, attn_weight: float = 0.0,
+              miss_weight: float = 0.0, lookup_weight: float = 0.0) -> tuple[torch.Tensor, int]:
     """Mean loss over the answer tokens of the batch, and how many there were; ``by_kind`` (if given)
     accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt.
     ``attn_weight`` > 0 adds that times the MLA attention supervision of ``induction.py`` (logged as kind
-    ``attn``). The batch is assembled on the host and moved to the model's device in one copy each."""
+    ``attn``), ``miss_weight`` > 0 that times its loss on the misses (kind ``miss``), ``lookup_weight``
+    > 0 that times head 1's loss on the lookups (kind ``lookup_attn``). The batch is assembled on the host and moved to the model's device in one copy each."""
     device = next(model.parameters()).device
     lens = [len(e.ids) for e in batch]
     flat = torch.tensor([i for e in batch for i in vocab.to_compact(e.ids)], device="cpu")
@@ -173,19 +177,22 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
         off += n
     pos_t = torch.cat(pos)
     target = flat[pos_t + 1].to(device)
-    taps = induction.MLAInputs(model) if attn_weight > 0 else None
+    taps = induction.MLAInputs(model) if max(attn_weight, miss_weight, lookup_weight) > 0 else None
     with taps or contextlib.nullcontext():
         hidden = train_forward(model, list(flat.to(device).split(lens)))
     per_token = vocab.loss(model.compute_logits(hidden[pos_t.to(device)]), target, reduction="none")
     loss = per_token.mean()
-    if attn_weight > 0:
-        attn, n_attn = induction.attention_loss(taps, lens, [induction.induction_targets(e.ids, e.answers)
-                                                             for e in batch])
-        loss = loss + attn_weight * attn
-        if by_kind is not None and n_attn:
-            acc = by_kind.setdefault("attn", [0.0, 0])
-            acc[0] += attn.item() * n_attn
-            acc[1] += n_attn
+    for name, weight in (("attn", attn_weight), ("miss", miss_weight), ("lookup_attn", lookup_weight)):
+        if weight > 0:
+            targets = [induction.lookup_targets(e.ids, e.answers) if name == "lookup_attn"
+                       else induction.induction_targets(e.ids, e.answers, misses=name == "miss") for e in batch]
+            attn, n_attn = induction.attention_loss(taps, lens, targets, avoid=name == "miss",
+                                                    head=1 if name == "lookup_attn" else 0)
+            loss = loss + weight * attn
+            if by_kind is not None and n_attn:
+                acc = by_kind.setdefault(name, [0.0, 0])
+                acc[0] += attn.item() * n_attn
+                acc[1] += n_attn
     if by_kind is not None:
         host = per_token.detach().cpu().tolist()
         off = 0
@@ -263,7 +270,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
         with parametrize.cached():
-            loss, _ = step_loss(model, vocab, batch, kinds, cfg.attn_sup)
+            loss, _ = step_loss(model, vocab, batch, kinds, cfg.attn_sup, cfg.attn_miss, cfg.attn_lookup)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         parallel.average_grads(list(model.parameters()), world)
@@ -342,6 +349,10 @@ HELP = {
     "prev_token_init": "start head 0 of this many leading KDA layers as a previous-token head (0: none)",
     "attn_sup": "weight of the loss that teaches head 0 of each MLA layer to attend where an induction head "
                 "would (train/induction.py; 0: off)",
+    "attn_miss": "weight of the loss that teaches the same heads not to copy where an induction copy would be "
+                 "wrong (the token occurred before, never followed by the answer's next token; 0: off)",
+    "attn_lookup": "weight of the loss that teaches head 1 of each MLA layer to attend to the prompt positions "
+                   "holding the next answer token where no induction step gives it (train/induction.py; 0: off)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
                       "writing the second half, for MLA keys to match on (train/init.py)",
     "split_shifts": "make heads 0..N-1 of the first KDA layer previous-token heads for the N tokens before, "

@@ -12,7 +12,7 @@ from k3serve.ops.mla.naive import naive_mla_attention
 from k3serve.train import data
 from k3serve.train.export import compact_config
 from k3serve.train.forward import train_forward
-from k3serve.train.induction import MLAInputs, attention_loss, head0_qk, induction_targets
+from k3serve.train.induction import MLAInputs, attention_loss, head0_qk, induction_targets, lookup_targets
 from k3serve.train.init import init_for_training
 from k3serve.train.train import DEFAULT_CONFIG, step_loss
 from k3serve.train.vocab import CompactVocab
@@ -27,6 +27,25 @@ def test_targets_are_the_positions_after_earlier_occurrences():
     # a source must be visible to the query (j <= t); several spans are read in order
     assert induction_targets([4, 4, 4], [(1, 2), (2, 3)]) == [(1, [1])]
     assert induction_targets(ids, [(6, 9)], max_sources=0) == []
+    # the misses: t = 7 (3 occurred at 3, followed by 9, not by the answer's 1), but only where the answer
+    # repeats itself: the 3 at 3 is in the prompt
+    assert induction_targets(ids, [(6, 9)], misses=True) == []
+    assert induction_targets(ids, [(2, 9)], misses=True) == [(7, [4])]
+    assert induction_targets([5, 1, 2, 1, 3], [(2, 5)], misses=True) == [(3, [2])]
+    assert induction_targets([5, 1, 2, 1, 3], [(4, 5)], misses=True) == []  # the 1 at 1 is in the prompt
+    assert induction_targets([5, 1, 2, 1, 3], [(2, 5)], misses=True, max_sources=0) == []
+
+
+def test_lookups_are_answer_tokens_in_the_prompt_that_no_induction_step_gives():
+    #      0  1  2  3  4  5  6  7  8
+    ids = [7, 1, 2, 3, 9, 5, 1, 3, 163590]
+    # answer 6..8: t = 5 (5 -> 1: 1 stands at 1, no earlier 5), t = 6 (1 -> 3: at 3, but 1 was followed by
+    # 2), t = 7 (3 -> special: never looked up)
+    assert lookup_targets(ids, [(6, 9)]) == [(5, [1]), (6, [3])]
+    # an induction step is not a lookup; only prompt positions (before the answer) count; the cap
+    assert lookup_targets([7, 1, 2, 1, 2], [(4, 5)]) == []
+    assert lookup_targets([7, 1, 2, 5, 2], [(3, 5)]) == [(3, [2])]  # t = 2: the 5 is not in the prompt
+    assert lookup_targets([7, 1, 1, 1, 1, 1, 8, 1], [(7, 8)]) == []
 
 
 def test_a_synthetic_copy_has_a_source_for_every_answer_token():
@@ -124,3 +143,28 @@ def test_context_heads_write_the_tokens_before_into_the_second_half():
         assert torch.nn.functional.cosine_similarity(got, want, dim=0) > 0.98, t
     with pytest.raises(ValueError, match="split shifts"):
         context_heads(kda, 4, half)
+
+
+def test_the_miss_loss_is_minus_log_of_the_mass_off_the_wrong_candidates(model):
+    m, vocab = model
+    rng = random.Random(2)
+    toks = rng.sample(range(1000, 1400), 30)
+    ids = toks + toks[:10] + [toks[3], 1399 if toks[4] != 1399 else 1398]  # the last copy goes wrong
+    answers = [(1, len(ids))]
+    misses = induction_targets(ids, answers, misses=True)
+    # toks[9] -> toks[3] (its only earlier follower is toks[10]); toks[3] -> other (followed by toks[4] twice)
+    assert misses == [(39, [10]), (40, [4, 34])]
+    with torch.no_grad(), MLAInputs(m) as taps:
+        train_forward(m, [torch.tensor(vocab.to_compact(ids))])
+    loss, count = attention_loss(taps, [len(ids)], [misses], avoid=True)
+    assert count == len(misses)
+    expected = 0.0
+    for layer, x in zip(taps.layers, taps.inputs):
+        q, k = head0_qk(layer, x)
+        n = len(ids)
+        scores = (q @ k.T * layer.scale).masked_fill(torch.ones(n, n).triu(1).bool(), float("-inf"))
+        p = scores.softmax(-1)
+        expected -= sum(torch.log(1 - p[t, c].sum()).item() for t, c in misses)
+    assert loss.item() == pytest.approx(expected / (count * len(taps.layers)), rel=1e-4)
+    plain, _ = attention_loss(taps, [len(ids)], [misses])
+    assert plain.item() != pytest.approx(loss.item())  # the other side of the same mass
