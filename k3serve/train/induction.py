@@ -31,6 +31,7 @@ Shapes: MLA input x ``[N, d]`` (packed), head-0 queries ``[N, Dn + R]``, keys ``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -108,8 +109,8 @@ class MLAInputs:
         self._hooks = []
 
 
-def head0_qk(m: MLAttention, x: torch.Tensor, head: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Head 0's (or ``head``'s) queries and keys ``[N, Dn + R]`` of x ``[N, d]``, as the layer scores them."""
+def head_qk(m: MLAttention, x: torch.Tensor, head: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One head's queries and keys ``[N, Dn + R]`` of x ``[N, d]``, as the layer scores them."""
     q = m.queries(x)[:, head].float()
     k = m.keys(m.latents(x))[:, head].float()
     return q, k
@@ -125,7 +126,7 @@ def attention_loss(taps: MLAInputs, lens: Sequence[int], targets: Sequence[list[
     if count == 0 or not taps.inputs:
         return torch.zeros(()), 0
     for m, x in zip(taps.layers, taps.inputs):
-        q, k = head0_qk(m, x, head)
+        q, k = head_qk(m, x, head)
         off = 0
         for n, tgt in zip(lens, targets):
             if tgt:
@@ -141,3 +142,11 @@ def attention_loss(taps: MLAInputs, lens: Sequence[int], targets: Sequence[list[
                 total = -mass.sum() if total is None else total - mass.sum()
             off += n
     return total / (count * len(taps.inputs)), count
+
+
+# kind logged by the trainer -> (targets of one sequence, ``avoid``, head): the three supervisions
+KINDS = {
+    "attn": (induction_targets, False, 0),
+    "miss": (functools.partial(induction_targets, misses=True), True, 0),
+    "lookup_attn": (lookup_targets, False, 1),
+}

@@ -166,7 +166,8 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
     accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt.
     ``attn_weight`` > 0 adds that times the MLA attention supervision of ``induction.py`` (logged as kind
     ``attn``), ``miss_weight`` > 0 that times its loss on the misses (kind ``miss``), ``lookup_weight``
-    > 0 that times head 1's loss on the lookups (kind ``lookup_attn``). The batch is assembled on the host and moved to the model's device in one copy each."""
+    > 0 that times head 1's loss on the lookups (kind ``lookup_attn``). The batch is assembled on the host
+    and moved to the model's device in one copy each."""
     device = next(model.parameters()).device
     lens = [len(e.ids) for e in batch]
     flat = torch.tensor([i for e in batch for i in vocab.to_compact(e.ids)], device="cpu")
@@ -184,10 +185,9 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
     loss = per_token.mean()
     for name, weight in (("attn", attn_weight), ("miss", miss_weight), ("lookup_attn", lookup_weight)):
         if weight > 0:
-            targets = [induction.lookup_targets(e.ids, e.answers) if name == "lookup_attn"
-                       else induction.induction_targets(e.ids, e.answers, misses=name == "miss") for e in batch]
-            attn, n_attn = induction.attention_loss(taps, lens, targets, avoid=name == "miss",
-                                                    head=1 if name == "lookup_attn" else 0)
+            targets_of, avoid, head = induction.KINDS[name]
+            attn, n_attn = induction.attention_loss(taps, lens, [targets_of(e.ids, e.answers) for e in batch],
+                                                    avoid, head)
             loss = loss + weight * attn
             if by_kind is not None and n_attn:
                 acc = by_kind.setdefault(name, [0.0, 0])
@@ -350,7 +350,7 @@ HELP = {
     "attn_sup": "weight of the loss that teaches head 0 of each MLA layer to attend where an induction head "
                 "would (train/induction.py; 0: off)",
     "attn_miss": "weight of the loss that teaches the same heads not to copy where an induction copy would be "
-                 "wrong (the token occurred before, never followed by the answer's next token; 0: off)",
+                 "wrong (the token occurred before in the same answer, never followed by the next token; 0: off)",
     "attn_lookup": "weight of the loss that teaches head 1 of each MLA layer to attend to the prompt positions "
                    "holding the next answer token where no induction step gives it (train/induction.py; 0: off)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "

@@ -12,7 +12,7 @@ from k3serve.ops.mla.naive import naive_mla_attention
 from k3serve.train import data
 from k3serve.train.export import compact_config
 from k3serve.train.forward import train_forward
-from k3serve.train.induction import MLAInputs, attention_loss, head0_qk, induction_targets, lookup_targets
+from k3serve.train.induction import MLAInputs, attention_loss, head_qk, induction_targets, lookup_targets
 from k3serve.train.init import init_for_training
 from k3serve.train.train import DEFAULT_CONFIG, step_loss
 from k3serve.train.vocab import CompactVocab
@@ -83,7 +83,7 @@ def test_loss_is_minus_log_of_the_layers_own_attention_mass(model):
         off = 0
         for e, tgt in zip(seqs, targets):
             n = len(e.ids)
-            q, _ = head0_qk(layer, x[off:off + n])
+            q, _ = head_qk(layer, x[off:off + n])
             lat = layer.latents(x[off:off + n]).float()
             C, dn = layer.kv_lora_rank, layer.nope_dim
             # kv_b rows for one head whose values read a position one-hot: latents carry the position
@@ -160,7 +160,7 @@ def test_the_miss_loss_is_minus_log_of_the_mass_off_the_wrong_candidates(model):
     assert count == len(misses)
     expected = 0.0
     for layer, x in zip(taps.layers, taps.inputs):
-        q, k = head0_qk(layer, x)
+        q, k = head_qk(layer, x)
         n = len(ids)
         scores = (q @ k.T * layer.scale).masked_fill(torch.ones(n, n).triu(1).bool(), float("-inf"))
         p = scores.softmax(-1)
