@@ -26,13 +26,19 @@ so the head learns not to repeat its own answer (its weight is separate, ``--att
 the prompt are left alone: run wm_p counted them too and lost every decline (0/10), since the same head
 finding a tool's name among the declared ones is how the model tells whether it is offered.
 
+The lookups (head 1, ``--attn-lookup``) are the answer tokens no induction step gives but the prompt holds.
+Over every answer token they also cover the reasoning's words and the called tool's name, and run wm1 lost
+the choice among tools (right tool 12/40 against wm2's 33/40 without them). ``value_positions`` keeps them
+to what is copied into a structure: a call's argument blocks (``<|open|>argument key="k" ...<|close|>``),
+a JSON answer's response, and every token of the warm-up and recall samples.
+
 Shapes: MLA input x ``[N, d]`` (packed), head-0 queries ``[N, Dn + R]``, keys ``[N, Dn + R]``.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 import torch
 from torch import nn
@@ -40,16 +46,38 @@ from torch import nn
 from k3serve.layers.mla import MLAttention
 from k3serve.train.data import SPECIAL_BASE  # the format's tags: never looked up
 
+OPEN, CLOSE = 163587, 163588  # <|open|> and <|close|> of the K3 format
+ARGUMENT, RESPONSE = 47185, 12092  # "argument" and "response" after <|open|> (Kimi vocabulary)
+STRUCTURED = frozenset({"tool", "choose", "decline", "json", "followup", "session"})  # tasks with prose answers
 MAX_SOURCES = 8  # a token with more earlier sources than this (quotes, commas) is not a lookup
 LOOKUP_SOURCES = 4  # a key stands in the schema's properties, its required list and the request: 3
 
 
+def value_positions(ids: Sequence[int], kind: str) -> set[int] | None:
+    """Positions of the tokens inside a call's argument blocks (and, for ``json``, inside the response) after
+    the block's tag; ``None`` (every position) for the kinds without prose (warm-ups, recall lists)."""
+    if kind not in STRUCTURED:
+        return None
+    tags = {ARGUMENT, RESPONSE} if kind == "json" else {ARGUMENT}
+    out: set[int] = set()
+    inside = False
+    for u, tok in enumerate(ids):
+        if tok == OPEN:
+            inside = u + 1 < len(ids) and ids[u + 1] in tags
+        elif tok == CLOSE:
+            inside = False
+        elif inside and ids[u - 1] != OPEN:
+            out.add(u)
+    return out
+
+
 def lookup_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
-                   max_sources: int = LOOKUP_SOURCES) -> list[tuple[int, list[int]]]:
+                   max_sources: int = LOOKUP_SOURCES, only: Container[int] | None = None
+                   ) -> list[tuple[int, list[int]]]:
     """``(t, sources)`` for each answer token ``ids[t + 1]`` that no induction step gives (no earlier
     ``ids[t]`` is followed by it) but that stands at 1..``max_sources`` positions j of the prompt before the
     answer: the lookups (the next argument's key, a value asked by its field, a record's number). Special
-    tokens are the format's, never looked up."""
+    tokens are the format's, never looked up; with ``only``, just the answer tokens at those positions."""
     out: list[tuple[int, list[int]]] = []
     at: dict[int, list[int]] = {}
     for j, tok in enumerate(ids):
@@ -58,17 +86,21 @@ def lookup_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
     for a, b in sorted(answers):
         for t in range(a - 1, b - 1):
             sources = [j for j in at.get(ids[t + 1], ()) if j < a]
+            if only is not None and t + 1 not in only:
+                continue
             if t not in induced and ids[t + 1] < SPECIAL_BASE and 0 < len(sources) <= max_sources:
                 out.append((t, sources))
     return out
 
 
 def induction_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
-                      max_sources: int = MAX_SOURCES, misses: bool = False) -> list[tuple[int, list[int]]]:
+                      max_sources: int = MAX_SOURCES, misses: bool = False, only: Container[int] | None = None
+                      ) -> list[tuple[int, list[int]]]:
     """``(t, sources)`` for each answer token ``ids[t + 1]`` (t = its predecessor, as in the LM loss)
     with 1..``max_sources`` earlier positions j <= t where ``ids[j-1] == ids[t]`` and ``ids[j] == ids[t+1]``.
     With ``misses``, instead ``(t, candidates)`` where 1..``max_sources`` positions of the same answer follow an
-    earlier ``ids[t]`` and no position at all is followed by ``ids[t+1]``: where copying itself would be wrong."""
+    earlier ``ids[t]`` and no position at all is followed by ``ids[t+1]``: where copying itself would be wrong.
+    With ``only``, just the answer tokens at those positions."""
     after: dict[int, list[int]] = {}  # token -> positions j whose predecessor is that token, in order
     out: list[tuple[int, list[int]]] = []
     filled = 1
@@ -77,6 +109,8 @@ def induction_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
             while filled <= t:  # positions j <= t become visible to the query at t
                 after.setdefault(ids[filled - 1], []).append(filled)
                 filled += 1
+            if only is not None and t + 1 not in only:
+                continue
             nxt = ids[t + 1]
             cands = after.get(ids[t], [])
             sources = [j for j in cands if ids[j] == nxt]

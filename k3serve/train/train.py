@@ -90,6 +90,7 @@ class TrainConfig:
     attn_sup: float = 0.0
     attn_miss: float = 0.0
     attn_lookup: float = 0.0
+    lookup_in: str = "all"
     split_residual: bool = False
     split_shifts: int = 0
 
@@ -99,6 +100,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.split_shifts < 0:
             raise ValueError("split_shifts must be >= 0")
+        if self.lookup_in not in ("all", "values"):
+            raise ValueError(f"lookup_in must be 'all' or 'values', got {self.lookup_in!r}")
         if self.save_every < 0:
             raise ValueError("save_every must be >= 0")
         if not 0.0 <= self.qat_from <= 1.0:
@@ -161,12 +164,14 @@ class LoadTracker:
 
 def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
               by_kind: dict[str, list[float]] | None = None, attn_weight: float = 0.0,
-              miss_weight: float = 0.0, lookup_weight: float = 0.0) -> tuple[torch.Tensor, int]:
+              miss_weight: float = 0.0, lookup_weight: float = 0.0, lookup_in: str = "all"
+              ) -> tuple[torch.Tensor, int]:
     """Mean loss over the answer tokens of the batch, and how many there were; ``by_kind`` (if given)
     accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt.
     ``attn_weight`` > 0 adds that times the MLA attention supervision of ``induction.py`` (logged as kind
     ``attn``), ``miss_weight`` > 0 that times its loss on the misses (kind ``miss``), ``lookup_weight``
-    > 0 that times head 1's loss on the lookups (kind ``lookup_attn``). The batch is assembled on the host
+    > 0 that times head 1's loss on the lookups (kind ``lookup_attn``; ``lookup_in="values"`` keeps them to
+    ``induction.value_positions``). The batch is assembled on the host
     and moved to the model's device in one copy each."""
     device = next(model.parameters()).device
     lens = [len(e.ids) for e in batch]
@@ -186,8 +191,10 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
     for name, weight in (("attn", attn_weight), ("miss", miss_weight), ("lookup_attn", lookup_weight)):
         if weight > 0:
             targets_of, avoid, head = induction.KINDS[name]
-            attn, n_attn = induction.attention_loss(taps, lens, [targets_of(e.ids, e.answers) for e in batch],
-                                                    avoid, head)
+            values = name == "lookup_attn" and lookup_in == "values"
+            targets = [targets_of(e.ids, e.answers, only=induction.value_positions(e.ids, e.kind) if values else None)
+                       for e in batch]
+            attn, n_attn = induction.attention_loss(taps, lens, targets, avoid, head)
             loss = loss + weight * attn
             if by_kind is not None and n_attn:
                 acc = by_kind.setdefault(name, [0.0, 0])
@@ -270,7 +277,8 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
         with parametrize.cached():
-            loss, _ = step_loss(model, vocab, batch, kinds, cfg.attn_sup, cfg.attn_miss, cfg.attn_lookup)
+            loss, _ = step_loss(model, vocab, batch, kinds, cfg.attn_sup, cfg.attn_miss, cfg.attn_lookup,
+                                cfg.lookup_in)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         parallel.average_grads(list(model.parameters()), world)
@@ -353,6 +361,8 @@ HELP = {
                  "wrong (the token occurred before in the same answer, never followed by the next token; 0: off)",
     "attn_lookup": "weight of the loss that teaches head 1 of each MLA layer to attend to the prompt positions "
                    "holding the next answer token where no induction step gives it (train/induction.py; 0: off)",
+    "lookup_in": "where the lookups are supervised: all (every answer token) or values (a call's argument blocks "
+                 "and a JSON answer; warm-ups and recall whole: the reasoning and the tool's name are left alone)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
                       "writing the second half, for MLA keys to match on (train/init.py)",
     "split_shifts": "make heads 0..N-1 of the first KDA layer previous-token heads for the N tokens before, "

@@ -1,5 +1,6 @@
 """MLA attention supervision: the induction targets, and the loss against the layer's own attention."""
 
+import json
 import random
 
 import pytest
@@ -12,7 +13,11 @@ from k3serve.ops.mla.naive import naive_mla_attention
 from k3serve.train import data
 from k3serve.train.export import compact_config
 from k3serve.train.forward import train_forward
-from k3serve.train.induction import MLAInputs, attention_loss, head_qk, induction_targets, lookup_targets
+from k3serve.train import tasks
+from k3serve.train.induction import (MLAInputs, attention_loss, head_qk, induction_targets, lookup_targets,
+                                     value_positions)
+from k3serve.train.render import encode_sample
+from k3serve.train.tok import load_tokenizer
 from k3serve.train.init import init_for_training
 from k3serve.train.train import DEFAULT_CONFIG, step_loss
 from k3serve.train.vocab import CompactVocab
@@ -46,6 +51,31 @@ def test_lookups_are_answer_tokens_in_the_prompt_that_no_induction_step_gives():
     assert lookup_targets([7, 1, 2, 1, 2], [(4, 5)]) == []
     assert lookup_targets([7, 1, 2, 5, 2], [(3, 5)]) == [(3, [2])]  # t = 2: the 5 is not in the prompt
     assert lookup_targets([7, 1, 1, 1, 1, 1, 8, 1], [(7, 8)]) == []
+
+
+def test_only_keeps_the_targets_at_those_answer_positions():
+    ids = [7, 1, 2, 3, 9, 5, 1, 3, 163590]
+    assert lookup_targets(ids, [(6, 9)], only={7}) == [(6, [3])]
+    assert lookup_targets(ids, [(6, 9)], only=set()) == []
+    assert induction_targets([7, 1, 2, 3, 9, 1, 2, 3, 1], [(6, 9)], only={7}) == [(6, [3])]
+
+
+def test_value_positions_are_the_argument_blocks_and_a_json_response():
+    tok = load_tokenizer()
+    for kind in ("choose", "json"):
+        s = tasks.make(kind, random.Random(1), style=tasks.SHIPPED, thinking=True)
+        ids, n = encode_sample(s, tok)
+        only = value_positions(ids, kind)
+        text = tok.decode([ids[u] for u in sorted(only)])
+        assert min(only) >= n  # the declarations' tags are not argument blocks
+        assert "user wants" not in text and "call tool=" not in text and "argument" not in text
+        if kind == "choose":
+            for key in json.loads(s.target["tool_calls"][0]["function"]["arguments"]):
+                assert f'key="{key}"' in text
+        else:
+            assert '{"' in text and "}" in text
+    assert value_positions([1, 2, 3], "recall") is None and value_positions([1, 2], "lookup") is None
+    assert value_positions([163587, 47185, 5, 163588, 6], "decline") == {2}
 
 
 def test_a_synthetic_copy_has_a_source_for_every_answer_token():

@@ -153,6 +153,8 @@ def test_config_validation():
         TrainConfig(out=".", copy_share=1.5)
     with pytest.raises(ValueError, match="lookup_objects"):
         TrainConfig(out=".", lookup_objects=2.0)
+    with pytest.raises(ValueError, match="lookup_in"):
+        TrainConfig(out=".", lookup_in="prose")
     with pytest.raises(ValueError, match="request form"):
         TrainConfig(out=".", request_form="yaml")
 
