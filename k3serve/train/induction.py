@@ -32,6 +32,12 @@ the choice among tools (right tool 12/40 against wm2's 33/40 without them). ``va
 to what is copied into a structure: a call's argument blocks (``<|open|>argument key="k" ...<|close|>``),
 a JSON answer's response, and every token of the warm-up and recall samples.
 
+Most of wm1's wrong arguments have the wrong type (``type="array"`` for a string, then a neighbouring line's
+array as the value): the type is looked up under the key in the declared schema, where ``integer`` is even
+written ``number``. The request shows the type too, in how the key's value starts (``minute: "``,
+``nights: 4``, ``artist: {``). ``type_targets`` (``--attn-types``, head 1) points the type's query at
+that position, right after ``K:`` for the argument's key K, which the context heads let a key match.
+
 Shapes: MLA input x ``[N, d]`` (packed), head-0 queries ``[N, Dn + R]``, keys ``[N, Dn + R]``.
 """
 
@@ -49,6 +55,7 @@ from k3serve.train.data import SPECIAL_BASE  # the format's tags: never looked u
 OPEN, CLOSE = 163587, 163588  # <|open|> and <|close|> of the K3 format
 ARGUMENT, RESPONSE = 47185, 12092  # "argument" and "response" after <|open|> (Kimi vocabulary)
 STRUCTURED = frozenset({"tool", "choose", "decline", "json", "followup", "session"})  # tasks with prose answers
+KEY, ASSIGN, QUOTE, TYPE, COLON = 2355, 878, 1, 1798, 25  # ' key', '="', '"', ' type', ':'
 MAX_SOURCES = 8  # a token with more earlier sources than this (quotes, commas) is not a lookup
 LOOKUP_SOURCES = 4  # a key stands in the schema's properties, its required list and the request: 3
 
@@ -89,6 +96,28 @@ def lookup_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
             if only is not None and t + 1 not in only:
                 continue
             if t not in induced and ids[t + 1] < SPECIAL_BASE and 0 < len(sources) <= max_sources:
+                out.append((t, sources))
+    return out
+
+
+def type_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = LOOKUP_SOURCES,
+                 only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
+    """``(t, sources)`` for each argument block ``<|open|>argument key="K" type="T"`` of the answers, t at the
+    ``="`` before T: the prompt positions j right after ``K:`` (where the request writes K's value)."""
+    out: list[tuple[int, list[int]]] = []
+    for a, b in sorted(answers):
+        for u in range(a, b - 6):
+            if (ids[u], ids[u + 1], ids[u + 2], ids[u + 3]) != (OPEN, ARGUMENT, KEY, ASSIGN):
+                continue
+            q = next((i for i in range(u + 4, b - 2) if ids[i] == QUOTE), None)
+            if q is None or q == u + 4 or (ids[q + 1], ids[q + 2]) != (TYPE, ASSIGN):
+                continue
+            key, t = list(ids[u + 4:q]), q + 2
+            if only is not None and t + 1 not in only:
+                continue
+            k = len(key)
+            sources = [j for j in range(k + 1, a) if ids[j - 1] == COLON and list(ids[j - 1 - k:j - 1]) == key]
+            if 0 < len(sources) <= max_sources:
                 out.append((t, sources))
     return out
 
@@ -178,9 +207,10 @@ def attention_loss(taps: MLAInputs, lens: Sequence[int], targets: Sequence[list[
     return total / (count * len(taps.inputs)), count
 
 
-# kind logged by the trainer -> (targets of one sequence, ``avoid``, head): the three supervisions
+# kind logged by the trainer -> (targets of one sequence, ``avoid``, head): the four supervisions
 KINDS = {
     "attn": (induction_targets, False, 0),
     "miss": (functools.partial(induction_targets, misses=True), True, 0),
     "lookup_attn": (lookup_targets, False, 1),
+    "type_attn": (type_targets, False, 1),
 }

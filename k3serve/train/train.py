@@ -91,6 +91,7 @@ class TrainConfig:
     attn_miss: float = 0.0
     attn_lookup: float = 0.0
     lookup_in: str = "all"
+    attn_types: float = 0.0
     split_residual: bool = False
     split_shifts: int = 0
 
@@ -164,14 +165,15 @@ class LoadTracker:
 
 def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
               by_kind: dict[str, list[float]] | None = None, attn_weight: float = 0.0,
-              miss_weight: float = 0.0, lookup_weight: float = 0.0, lookup_in: str = "all"
-              ) -> tuple[torch.Tensor, int]:
+              miss_weight: float = 0.0, lookup_weight: float = 0.0, lookup_in: str = "all",
+              type_weight: float = 0.0) -> tuple[torch.Tensor, int]:
     """Mean loss over the answer tokens of the batch, and how many there were; ``by_kind`` (if given)
     accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt.
     ``attn_weight`` > 0 adds that times the MLA attention supervision of ``induction.py`` (logged as kind
     ``attn``), ``miss_weight`` > 0 that times its loss on the misses (kind ``miss``), ``lookup_weight``
     > 0 that times head 1's loss on the lookups (kind ``lookup_attn``; ``lookup_in="values"`` keeps them to
-    ``induction.value_positions``). The batch is assembled on the host
+    ``induction.value_positions``), ``type_weight`` > 0 that times its loss pointing an argument's type at
+    where the request writes the key's value (kind ``type_attn``). The batch is assembled on the host
     and moved to the model's device in one copy each."""
     device = next(model.parameters()).device
     lens = [len(e.ids) for e in batch]
@@ -183,12 +185,13 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
         off += n
     pos_t = torch.cat(pos)
     target = flat[pos_t + 1].to(device)
-    taps = induction.MLAInputs(model) if max(attn_weight, miss_weight, lookup_weight) > 0 else None
+    weights = {"attn": attn_weight, "miss": miss_weight, "lookup_attn": lookup_weight, "type_attn": type_weight}
+    taps = induction.MLAInputs(model) if max(weights.values()) > 0 else None
     with taps or contextlib.nullcontext():
         hidden = train_forward(model, list(flat.to(device).split(lens)))
     per_token = vocab.loss(model.compute_logits(hidden[pos_t.to(device)]), target, reduction="none")
     loss = per_token.mean()
-    for name, weight in (("attn", attn_weight), ("miss", miss_weight), ("lookup_attn", lookup_weight)):
+    for name, weight in weights.items():
         if weight > 0:
             targets_of, avoid, head = induction.KINDS[name]
             values = name == "lookup_attn" and lookup_in == "values"
@@ -278,7 +281,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
             group["lr"] = lr_at(cfg, step)
         with parametrize.cached():
             loss, _ = step_loss(model, vocab, batch, kinds, cfg.attn_sup, cfg.attn_miss, cfg.attn_lookup,
-                                cfg.lookup_in)
+                                cfg.lookup_in, cfg.attn_types)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         parallel.average_grads(list(model.parameters()), world)
@@ -363,6 +366,8 @@ HELP = {
                    "holding the next answer token where no induction step gives it (train/induction.py; 0: off)",
     "lookup_in": "where the lookups are supervised: all (every answer token) or values (a call's argument blocks "
                  "and a JSON answer; warm-ups and recall whole: the reasoning and the tool's name are left alone)",
+    "attn_types": "weight of the loss that points head 1's query at an argument's type to where the request "
+                  "writes that key's value (its first token shows the type; train/induction.py; 0: off)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
                       "writing the second half, for MLA keys to match on (train/init.py)",
     "split_shifts": "make heads 0..N-1 of the first KDA layer previous-token heads for the N tokens before, "

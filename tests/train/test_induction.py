@@ -15,7 +15,7 @@ from k3serve.train.export import compact_config
 from k3serve.train.forward import train_forward
 from k3serve.train import tasks
 from k3serve.train.induction import (MLAInputs, attention_loss, head_qk, induction_targets, lookup_targets,
-                                     value_positions)
+                                     type_targets, value_positions)
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.init import init_for_training
@@ -76,6 +76,28 @@ def test_value_positions_are_the_argument_blocks_and_a_json_response():
             assert '{"' in text and "}" in text
     assert value_positions([1, 2, 3], "recall") is None and value_positions([1, 2], "lookup") is None
     assert value_positions([163587, 47185, 5, 163588, 6], "decline") == {2}
+
+
+def test_an_arguments_type_points_at_where_the_request_writes_its_value():
+    tok = load_tokenizer()
+    first = {"string": ' "', "number": " ", "array": ' ["', "object": ' {"', "boolean": (" true", " false")}
+    seen = 0
+    for seed in range(12):
+        s = tasks.make("tool", random.Random(seed), style=tasks.SHIPPED)
+        ids, n = encode_sample(s, tok)
+        got = type_targets(ids, [(n, len(ids))])
+        assert len(got) == len(json.loads(s.target["tool_calls"][0]["function"]["arguments"]))
+        for t, (j,) in got:
+            assert tok.decode(ids[t - 1:t + 1]) == ' type="' and j < n
+            assert tok.decode([ids[j]]) in first[tok.decode([ids[t + 1]])]
+            seen += 1
+    assert seen > 12
+    # t at the '="' before the type (11); the key (5) must stand before ':' (25) in the prompt (source 3,
+    # the value's first token); the cap and ``only`` hold
+    ids = [9, 5, 25, 40, 163587, 47185, 2355, 878, 5, 1, 1798, 878, 60]
+    assert type_targets(ids, [(4, 13)]) == [(11, [3])]
+    assert type_targets(ids, [(4, 13)], max_sources=0) == [] and type_targets(ids, [(4, 13)], only=set()) == []
+    assert type_targets([9, 6, 25, 40, *ids[4:]], [(4, 13)]) == []
 
 
 def test_a_synthetic_copy_has_a_source_for_every_answer_token():
@@ -198,3 +220,21 @@ def test_the_miss_loss_is_minus_log_of_the_mass_off_the_wrong_candidates(model):
     assert loss.item() == pytest.approx(expected / (count * len(taps.layers)), rel=1e-4)
     plain, _ = attention_loss(taps, [len(ids)], [misses])
     assert plain.item() != pytest.approx(loss.item())  # the other side of the same mass
+
+
+def test_step_loss_supervises_the_lookups_in_values_and_the_types():
+    tok = load_tokenizer()
+    s = tasks.make("tool", random.Random(2), style=tasks.SHIPPED)
+    e = data.Encoded("tool", *encode_sample(s, tok))
+    full = ModelConfig.from_file(DEFAULT_CONFIG)
+    vocab = CompactVocab(set(e.ids), full.text.vocab_size)
+    m = build_model(compact_config(full, vocab))
+    init_for_training(m, 0)
+    only = value_positions(e.ids, e.kind)
+    for where, lookups in (("all", lookup_targets(e.ids, e.answers)),
+                           ("values", lookup_targets(e.ids, e.answers, only=only))):
+        kinds: dict = {}
+        step_loss(m, vocab, [e], kinds, lookup_weight=0.5, lookup_in=where, type_weight=0.5)
+        assert kinds["lookup_attn"][1] == len(lookups)  # by_kind counts the supervised positions
+        assert kinds["type_attn"][1] == len(type_targets(e.ids, e.answers)) > 0
+    assert len(lookup_targets(e.ids, e.answers, only=only)) < len(lookup_targets(e.ids, e.answers))
