@@ -124,6 +124,39 @@ def agreement(ref_model, samples: list[tasks.Sample], outs: list[list[int]], tok
     return same, total
 
 
+def _type(v: Any) -> str:
+    return type(v).__name__
+
+
+def why_failed(s: tasks.Sample, content: str, calls: list) -> str | None:
+    """Why an answer did not solve its task, in a few words (None when it did): a tool task's call, or a JSON
+    answer, is checked top-down (decision, tool, parse, keys, each value's JSON type, values)."""
+    if tasks.score(s, content, calls):
+        return None
+    exp = s.expected
+    if "arguments" in exp:
+        if not calls:
+            return "declined"
+        if len(calls) > 1:
+            return "several calls"
+        if calls[0]["function"]["name"] != exp["tool"]:
+            return "wrong tool"
+        text, want = calls[0]["function"]["arguments"] or "{}", exp["arguments"]
+    elif "json" in exp:
+        if calls:
+            return "called a tool"
+        text, want = content, exp["json"]
+    else:
+        return "called a tool" if calls else "wrong text"
+    try:
+        got = json.loads(text)
+    except json.JSONDecodeError:
+        return "invalid JSON"
+    if not isinstance(got, dict) or set(got) != set(want):
+        return "wrong keys"
+    return "wrong type" if any(_type(got[k]) != _type(v) for k, v in want.items()) else "wrong value"
+
+
 def score_all(samples: list[tasks.Sample], answers: list[tuple[str, list]]) -> dict[str, Any]:
     res: dict[str, list[bool]] = {"tool": [], "decline": [], "json": [], "json_valid": [], "recall": [],
                                   "followup": []}
@@ -207,13 +240,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:10s} {acc:7.1%}  (n={report['scores'][key]['n']}, target {target:.0%})"
               f"  {'PASS' if acc is not None and acc >= target else 'FAIL'}")
     print(f"{'followup':10s} {report['scores']['followup']['accuracy']:7.1%}  (n={report['scores']['followup']['n']})")
+    why: dict[str, dict[str, int]] = {}
+    for s, (content, calls) in zip(samples, answers):
+        if (reason := why_failed(s, content, calls)) is not None:
+            why.setdefault(s.kind, {}).setdefault(reason, 0)
+            why[s.kind][reason] += 1
+    report["failures"] = why
+    for kind, reasons in why.items():
+        print(f"  {kind} failed: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])))
     if "mxfp4_bf16_agreement" in report:
         a = report["mxfp4_bf16_agreement"]
         print(f"agreement  {a['accuracy']:7.2%}  ({a['tokens']} tokens, target 99%)")
     print(json.dumps({k: v for k, v in report.items() if k != "scores"}))
     if args.json:  # with every task's answer, so failures can be read back (either mode)
         report["answers"] = [{"kind": s.kind, "expected": s.expected, "content": content, "tool_calls": calls,
-                              "solved": tasks.score(s, content, calls)} for s, (content, calls) in zip(samples, answers)]
+                              "solved": tasks.score(s, content, calls), "why": why_failed(s, content, calls)}
+                             for s, (content, calls) in zip(samples, answers)]
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)
     return 0

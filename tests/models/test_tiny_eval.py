@@ -65,3 +65,26 @@ def test_recall_lists_hold_at_least_2k_tokens_in_either_form(tiny_eval, recall):
     assert all(len(prompt_ids(s, tok)) >= 2000 for s in samples)
     line = samples[0].expected.get("line")
     assert (line is not None) == (recall == "restate")
+
+
+def test_a_failure_says_why(tiny_eval):
+    s = tasks.make("tool", random.Random(0), held_out=True)
+    want = s.expected["arguments"]
+    key = next(iter(want))
+
+    def call(name, args):
+        return [{"function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}]
+
+    assert tiny_eval.why_failed(s, "", call(s.expected["tool"], want)) is None
+    assert tiny_eval.why_failed(s, "No tool does that.", []) == "declined"
+    assert tiny_eval.why_failed(s, "", call("other_tool", want)) == "wrong tool"
+    assert tiny_eval.why_failed(s, "", call(s.expected["tool"], "{")) == "invalid JSON"
+    assert tiny_eval.why_failed(s, "", call(s.expected["tool"], {**want, "extra": 1})) == "wrong keys"
+    retyped = [1] if not isinstance(want[key], list) else "x"
+    assert tiny_eval.why_failed(s, "", call(s.expected["tool"], {**want, key: retyped})) == "wrong type"
+    j = next(t for t in (tasks.make("json", random.Random(i), held_out=True) for i in range(50))
+             if any(isinstance(v, str) for v in t.expected["json"].values()))
+    first = next(k for k, v in j.expected["json"].items() if isinstance(v, str))
+    other = {**j.expected["json"], first: j.expected["json"][first] + " more"}
+    assert tiny_eval.why_failed(j, json.dumps(other), []) == "wrong value"
+    assert tiny_eval.why_failed(j, json.dumps(j.expected["json"]), []) is None
