@@ -16,7 +16,7 @@ from k3serve.train import copyprobe, data
 from k3serve.train.export import compact_config, save_compact
 from k3serve.train.forward import train_forward
 from k3serve.train.init import init_for_training
-from k3serve.train.train import DEFAULT_CONFIG
+from k3serve.train.config import DEFAULT_CONFIG
 from k3serve.train.vocab import CompactVocab
 
 

@@ -18,7 +18,7 @@ from k3serve.train.init import init_for_training
 from k3serve.train.qat import enable_qat
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
-from k3serve.train.train import DEFAULT_CONFIG
+from k3serve.train.config import DEFAULT_CONFIG
 from k3serve.train.vocab import CompactVocab
 
 

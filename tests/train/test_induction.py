@@ -19,7 +19,8 @@ from k3serve.train.induction import (MLAInputs, attention_loss, head_qk, inducti
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.init import init_for_training
-from k3serve.train.train import DEFAULT_CONFIG, step_loss
+from k3serve.train.config import DEFAULT_CONFIG
+from k3serve.train.train import step_loss
 from k3serve.train.vocab import CompactVocab
 
 

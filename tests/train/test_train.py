@@ -23,7 +23,8 @@ from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.export import compact_config, export, load_compact, save_compact
 from k3serve.train.init import init_for_training
-from k3serve.train.train import DEFAULT_CONFIG, TrainConfig, step_loss
+from k3serve.train.config import DEFAULT_CONFIG, TrainConfig
+from k3serve.train.train import step_loss
 from k3serve.train.vocab import CompactVocab
 
 
@@ -257,7 +258,7 @@ def test_keep_freed_memory_applies_on_glibc_in_a_child():
 
 
 def test_train_cli_explains_every_flag_and_rejects_bad_values_in_one_line(capsys):
-    from k3serve.train import train as train_mod
+    from k3serve.train import config, train as train_mod
 
     with pytest.raises(SystemExit) as e:
         train_mod.main(["--help"])
@@ -265,7 +266,7 @@ def test_train_cli_explains_every_flag_and_rejects_bad_values_in_one_line(capsys
     text = capsys.readouterr().out
     for f in dataclasses.fields(TrainConfig):
         assert "--" + f.name.replace("_", "-") in text
-    assert set(train_mod.HELP) == {f.name for f in dataclasses.fields(TrainConfig)} - {"out"}
+    assert set(config.HELP) == {f.name for f in dataclasses.fields(TrainConfig)} - {"out"}
     for bad in (["--steps", "0"], ["--device", "tpu"], ["--qat-from", "2"], ["--mix", "recal=0"]):
         with pytest.raises(SystemExit) as e:
             train_mod.main(["--out", "unused", *bad])
