@@ -36,7 +36,9 @@ Most of wm1's wrong arguments have the wrong type (``type="array"`` for a string
 array as the value): the type is looked up under the key in the declared schema, where ``integer`` is even
 written ``number``. The request shows the type too, in how the key's value starts (``minute: "``,
 ``nights: 4``, ``artist: {``). ``type_targets`` (``--attn-types``, head 1) points the type's query at
-that position, right after ``K:`` for the argument's key K, which the context heads let a key match.
+that position, right after ``K:`` for the argument's key K, which the context heads let a key match. A JSON
+answer writes the type in the token after the key (``":"`` string, ``":`` number, ``":["`` array), and gets
+the same pointer there.
 
 Shapes: MLA input x ``[N, d]`` (packed), head-0 queries ``[N, Dn + R]``, keys ``[N, Dn + R]``.
 """
@@ -100,23 +102,50 @@ def lookup_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
     return out
 
 
+@functools.cache
+def _json_tokens() -> tuple[frozenset[int], frozenset[int]]:
+    """Ids whose text starts with ``":`` (a JSON key's end, with the value's opening), and ids whose text ends
+    with ``"`` (what stands before a key: ``{"``, ``","``, ``],"``)."""
+    from k3serve.train.tok import load_tokenizer
+
+    tok = load_tokenizer()
+    texts = [(i, tok.decode([i])) for i in range(SPECIAL_BASE)]
+    return (frozenset(i for i, t in texts if t.startswith('":')), frozenset(i for i, t in texts if t.endswith('"')))
+
+
+def _request_values(ids: Sequence[int], key: list[int], before: int) -> list[int]:
+    """Positions j < ``before`` right after ``K:`` (K = the ``key`` tokens): where the request writes K's value."""
+    k = len(key)
+    return [j for j in range(k + 1, before) if ids[j - 1] == COLON and list(ids[j - 1 - k:j - 1]) == key]
+
+
 def type_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = LOOKUP_SOURCES,
                  only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
     """``(t, sources)`` for each argument block ``<|open|>argument key="K" type="T"`` of the answers, t at the
-    ``="`` before T: the prompt positions j right after ``K:`` (where the request writes K's value)."""
+    ``="`` before T, and for each JSON key K (t = its last token, before ``":...``): the prompt positions j right
+    after ``K:`` (where the request writes K's value)."""
     out: list[tuple[int, list[int]]] = []
+    seps, quoted = _json_tokens()
     for a, b in sorted(answers):
+        for u in range(a + 1, b):
+            if ids[u] not in seps:
+                continue
+            s = next((i for i in range(u - 1, max(a, u - 6) - 1, -1) if ids[i] in quoted), None)
+            if s is None or s == u - 1 or (only is not None and u not in only):
+                continue
+            sources = _request_values(ids, list(ids[s + 1:u]), a)
+            if 0 < len(sources) <= max_sources:
+                out.append((u - 1, sources))
         for u in range(a, b - 6):
             if (ids[u], ids[u + 1], ids[u + 2], ids[u + 3]) != (OPEN, ARGUMENT, KEY, ASSIGN):
                 continue
             q = next((i for i in range(u + 4, b - 2) if ids[i] == QUOTE), None)
             if q is None or q == u + 4 or (ids[q + 1], ids[q + 2]) != (TYPE, ASSIGN):
                 continue
-            key, t = list(ids[u + 4:q]), q + 2
+            t = q + 2
             if only is not None and t + 1 not in only:
                 continue
-            k = len(key)
-            sources = [j for j in range(k + 1, a) if ids[j - 1] == COLON and list(ids[j - 1 - k:j - 1]) == key]
+            sources = _request_values(ids, list(ids[u + 4:q]), a)
             if 0 < len(sources) <= max_sources:
                 out.append((t, sources))
     return out

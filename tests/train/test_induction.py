@@ -93,6 +93,15 @@ def test_an_arguments_type_points_at_where_the_request_writes_its_value():
             assert tok.decode([ids[j]]) in first[tok.decode([ids[t + 1]])]
             seen += 1
     assert seen > 12
+    # a JSON answer: the token after each top-level key opens its value ('":"' for a string, '":' for a number)
+    j_first = {'":"': ' "', '":': (" ", " true", " false"), '":["': ' ["', '":{"': ' {"'}
+    for seed in range(6):
+        s = tasks.make("json", random.Random(seed), style=tasks.SHIPPED)
+        ids, n = encode_sample(s, tok)
+        got = type_targets(ids, [(n, len(ids))])
+        assert len(got) == len(s.expected["json"])
+        for t, (j,) in got:
+            assert tok.decode([ids[j]]) in j_first[tok.decode([ids[t + 1]])] and j < n
     # t at the '="' before the type (11); the key (5) must stand before ':' (25) in the prompt (source 3,
     # the value's first token); the cap and ``only`` hold
     ids = [9, 5, 25, 40, 163587, 47185, 2355, 878, 5, 1, 1798, 878, 60]
