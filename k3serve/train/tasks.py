@@ -64,7 +64,7 @@ class Style:
 
 
 PLAIN = Style()
-SHIPPED = Style("lines", "check", "decide")  # the shipped k3-default's (run wl3): evaluations and probes default to it
+SHIPPED = Style("lines", "check", "decide", "restate")  # the shipped k3-default's (run wv3): evaluations and probes default to it
 
 
 @dataclass(frozen=True)
