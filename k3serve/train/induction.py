@@ -1,4 +1,5 @@
-"""Attention supervision: teach MLA head 0 to attend where an induction head would.
+"""Attention supervision of the MLA layers: head 0 where an induction head would attend; head 1 at lookups
+and at where the request shows an argument's type (``KINDS``).
 
 Every copy the tasks ask for (argument values from the request, a record's words, a tool result's value)
 is the same step: at position t, the next token is the one after an earlier occurrence of the current
@@ -40,7 +41,7 @@ that position, right after ``K:`` for the argument's key K, which the context he
 answer writes the type in the token after the key (``":"`` string, ``":`` number, ``":["`` array), and gets
 the same pointer there.
 
-Shapes: MLA input x ``[N, d]`` (packed), head-0 queries ``[N, Dn + R]``, keys ``[N, Dn + R]``.
+Shapes: MLA input x ``[N, d]`` (packed), one head's queries ``[N, Dn + R]``, keys ``[N, Dn + R]``.
 """
 
 from __future__ import annotations

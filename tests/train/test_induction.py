@@ -61,6 +61,18 @@ def test_only_keeps_the_targets_at_those_answer_positions():
     assert induction_targets([7, 1, 2, 3, 9, 1, 2, 3, 1], [(6, 9)], only={7}) == [(6, [3])]
 
 
+def test_the_format_token_ids_are_the_kimi_tokenizers():
+    from k3serve.train import induction
+
+    tok = load_tokenizer()
+    for text, want in (("argument", induction.ARGUMENT), ("response", induction.RESPONSE), (" key", induction.KEY),
+                       ('="', induction.ASSIGN), ('"', induction.QUOTE), (" type", induction.TYPE),
+                       (":", induction.COLON)):
+        assert [int(i) for i in tok.encode(text)] == [want]
+    assert [int(i) for i in tok.encode_segments([("<|open|>", True), ("<|close|>", True)])] == \
+        [induction.OPEN, induction.CLOSE]
+
+
 def test_value_positions_are_the_argument_blocks_and_a_json_response():
     tok = load_tokenizer()
     for kind in ("choose", "json"):
