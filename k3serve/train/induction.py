@@ -95,9 +95,9 @@ def lookup_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
     induced = {t for t, _ in induction_targets(ids, answers, max_sources=len(ids))}
     for a, b in sorted(answers):
         for t in range(a - 1, b - 1):
-            sources = [j for j in at.get(ids[t + 1], ()) if j < a]
             if only is not None and t + 1 not in only:
                 continue
+            sources = [j for j in at.get(ids[t + 1], ()) if j < a]
             if t not in induced and ids[t + 1] < SPECIAL_BASE and 0 < len(sources) <= max_sources:
                 out.append((t, sources))
     return out
