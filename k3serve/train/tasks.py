@@ -27,8 +27,11 @@ EFFORTS = ("max", "max", "max", "high", "low")  # the K3 efforts, the server def
 FORMS = ("inline", "lines")
 # How a decline's reasoning decides: "plain" (``... No tool does that.``) or "check": it first names the tool
 # that would do it, as a call's reasoning does (``The tool close_payment``), then says it is not offered. Both
-# kinds then write a tool name before deciding, and the decision is whether that name was offered.
-REASONINGS = ("plain", "check")
+# kinds then write a tool name before deciding, and the decision is whether that name was offered. "assign" is
+# "check" with the name written as the call writes it (``The tool="close_payment" does that.``): the same tokens
+# `` tool`` ``="`` ``close`` ``_payment``, so the call's name is one induction step from the reasoning's, where
+# `` close`` (with its space) is another id than the call's ``close``.
+REASONINGS = ("plain", "check", "assign")
 # What a tool, choose or decline answer says without thinking: "bare" (a call has empty content, a decline says
 # only ``None of the available tools can ...``) or "decide": the content opens with the sentences the reasoning
 # would hold (``The user wants to ... The tool close_payment is not offered.``), so the tool's name is written
@@ -181,10 +184,11 @@ def tool_call(name: str, args: dict[str, Any], k: int = 1) -> dict[str, Any]:
 
 def decision_reasoning(verb: str, obj: str, name: str, offered: bool, style: Style = PLAIN) -> str:
     """The one-sentence-a-step reasoning before a call (``offered``) or a decline of tool ``name``."""
+    tool = f'The tool="{name}"' if style.reasoning == "assign" else f"The tool {name}"
     if offered:
-        verdict = f"The tool {name} does that."
+        verdict = f"{tool} does that."
     else:
-        verdict = f"The tool {name} is not offered." if style.reasoning == "check" else "No tool does that."
+        verdict = "No tool does that." if style.reasoning == "plain" else f"{tool} is not offered."
     return f"The user wants to {verb} the {obj}. {verdict}"
 
 

@@ -178,6 +178,28 @@ def test_check_reasoning_names_the_tool_that_would_do_it():
     assert plain.target["reasoning_content"].endswith(" No tool does that.")
 
 
+def test_assign_reasoning_writes_the_name_as_the_call_does():
+    """``reasoning="assign"``: the reasoning's `` tool="NAME"`` is token for token the call's, so an induction
+    step (``induction_targets``) points the call's first name token back at the reasoning's."""
+    from k3serve.train.induction import induction_targets
+
+    tok, rng, assign = load_tokenizer(), random.Random(4), tasks.Style("lines", "assign", "decide")
+    for thinking in (True, False):
+        t = tasks.make("choose", rng, thinking=thinking, style=assign)
+        said = t.target["reasoning_content"] if thinking else t.target["content"]
+        assert said.endswith(f' The tool="{t.expected["tool"]}" does that.')
+        ids, n = encode_sample(t, tok)
+        ids, name = list(ids), list(tok.encode(' tool="' + t.expected["tool"]))
+        starts = [i for i in range(n, len(ids)) if ids[i:i + len(name)] == name]
+        assert len(starts) == 2  # the reasoning's, then the call's
+        call_eq = starts[1] + 1  # the call's ="
+        sources = dict(induction_targets(ids, [(n, len(ids))]))[call_eq]
+        assert starts[0] + 2 in sources  # the reasoning's first name token
+        d = tasks.make("decline", rng, thinking=thinking, style=assign)
+        said = d.target["reasoning_content"] if thinking else d.target["content"]
+        assert f' The tool="{d.meta["asked"]}" is not offered.' in said
+
+
 def test_decide_without_thinking_opens_the_content_with_the_reasoning():
     """``nothink="decide"``: a no-think answer's content starts with the very sentences a thinking answer
     reasons with (same draws otherwise); thinking answers and the other kinds are unchanged."""
