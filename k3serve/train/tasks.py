@@ -16,58 +16,14 @@ from functools import partial
 from typing import Any
 
 from k3serve.train import pools
+# the styles, re-exported: callers write ``tasks.Style``, ``tasks.SHIPPED``
+from k3serve.train.styles import (FORMS, NOTHINKS, PLAIN, REASONINGS, RECALLS, SHIPPED,  # noqa: F401
+                                  STYLED_KINDS, Style)
 
 KINDS = ("tool", "choose", "decline", "json", "recall", "followup")
 # training-only: plain copying, and key -> value lookup (find a key, read what follows it); every task needs both
 WARMUP_KINDS = ("copy", "lookup")
 EFFORTS = ("max", "max", "max", "high", "low")  # the K3 efforts, the server default (max) most often
-# How a request writes the values to use: "inline" (``city "Paris"; unit "metric"``) or "lines" (one
-# ``city: "Paris"`` per line). A key at a line's start is the very token a call or JSON answer writes
-# (``city``), where inline it carries a space (`` city``, another id): with lines every argument is a copy.
-FORMS = ("inline", "lines")
-# How a decline's reasoning decides: "plain" (``... No tool does that.``) or "check": it first names the tool
-# that would do it, as a call's reasoning does (``The tool close_payment``), then says it is not offered. Both
-# kinds then write a tool name before deciding, and the decision is whether that name was offered. "assign" is
-# "check" with the name written as the call writes it (``The tool="close_payment" does that.``): the same tokens
-# `` tool`` ``="`` ``close`` ``_payment``, so the call's name is one induction step from the reasoning's, where
-# `` close`` (with its space) is another id than the call's ``close``.
-REASONINGS = ("plain", "check", "assign")
-# What a tool, choose or decline answer says without thinking: "bare" (a call has empty content, a decline says
-# only ``None of the available tools can ...``) or "decide": the content opens with the sentences the reasoning
-# would hold (``The user wants to ... The tool close_payment is not offered.``), so the tool's name is written
-# before the decision in both modes, not decided at the answer's first token.
-NOTHINKS = ("bare", "decide")
-# How a recall list writes its records and the answer copies one: "passage" (``Record 237: "w1 ... w8"``, the
-# answer is ``w1 ... w8``) or "restate" (``Record 237 w1 ... w8``, the answer is that whole line). Restating
-# starts the answer with the label, so its first word is "the token after an earlier occurrence of the current
-# one" (the label) like every later word: one induction step, where "passage" has to find ``Record 237: "``
-# from the answer's opening markup.
-RECALLS = ("passage", "restate")
-STYLED_KINDS = ("tool", "choose", "decline", "json", "followup", "lookup", "recall")  # the kinds a Style changes
-
-
-@dataclass(frozen=True)
-class Style:
-    """How a run writes its samples (``FORMS``, ``REASONINGS``); an evaluation asks in its model's ``form``."""
-
-    form: str = "inline"
-    reasoning: str = "plain"
-    nothink: str = "bare"
-    recall: str = "passage"
-
-    def __post_init__(self) -> None:
-        if self.form not in FORMS:
-            raise ValueError(f"unknown request form {self.form!r}; known: {', '.join(FORMS)}")
-        if self.reasoning not in REASONINGS:
-            raise ValueError(f"unknown reasoning {self.reasoning!r}; known: {', '.join(REASONINGS)}")
-        if self.nothink not in NOTHINKS:
-            raise ValueError(f"unknown no-think answer {self.nothink!r}; known: {', '.join(NOTHINKS)}")
-        if self.recall not in RECALLS:
-            raise ValueError(f"unknown recall answer {self.recall!r}; known: {', '.join(RECALLS)}")
-
-
-PLAIN = Style()
-SHIPPED = Style("lines", "check", "decide", "restate")  # the shipped k3-default's (run wv3): evaluations and probes default to it
 
 
 @dataclass(frozen=True)
