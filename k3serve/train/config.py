@@ -62,6 +62,7 @@ class TrainConfig:
     attn_lookup: float = 0.0
     lookup_in: str = "all"
     attn_types: float = 0.0
+    attn_follow: float = 0.0
     split_residual: bool = False
     split_shifts: int = 0
 
@@ -162,6 +163,9 @@ HELP = {
                  "and a JSON answer; warm-ups and recall whole: the reasoning and the tool's name are left alone)",
     "attn_types": "weight of the loss that points head 1's query at an argument's type to where the request "
                   "writes that key's value (its first token shows the type; train/induction.py; 0: off)",
+    "attn_follow": "weight of the loss that points head 0's query at a copied value's token, where the answer's "
+                   "next token is no copy (the value's end), to the request position after the same token "
+                   "(train/induction.py follow_targets; 0: off)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
                       "writing the second half, for MLA keys to match on (train/init.py)",
     "split_shifts": "make heads 0..N-1 of the first KDA layer previous-token heads for the N tokens before, "

@@ -1,5 +1,5 @@
-"""Attention supervision of the MLA layers: head 0 where an induction head would attend; head 1 at lookups
-and at where the request shows an argument's type (``KINDS``).
+"""Attention supervision of the MLA layers: head 0 where an induction head would attend (and after a value's
+last token); head 1 at lookups and at where the request shows an argument's type (``KINDS``).
 
 Every copy the tasks ask for (argument values from the request, a record's words, a tool result's value)
 is the same step: at position t, the next token is the one after an earlier occurrence of the current
@@ -41,6 +41,13 @@ that position, right after ``K:`` for the argument's key K, which the context he
 answer writes the type in the token after the key (``":"`` string, ``":`` number, ``":["`` array), and gets
 the same pointer there.
 
+A copied value ends where the answer's format and the request's part: ``"velvet morning"`` ends in ``","``
+in a JSON answer and in ``"\n`` on the request's line, so no induction step gives the end, and run wv3 ran on
+past it (``"velvet morningsnow ...``) or stopped an array late. ``follow_targets`` (``--attn-follow``, head 0,
+inside the values only) points the query at such a value token to the request position right after the same
+token, the classic induction pattern without the equal next token: what the request writes there says where
+the value ends, and the language-model loss maps it to the answer's own closing.
+
 Shapes: MLA input x ``[N, d]`` (packed), one head's queries ``[N, Dn + R]``, keys ``[N, Dn + R]``.
 """
 
@@ -61,6 +68,7 @@ STRUCTURED = frozenset({"tool", "choose", "decline", "json", "followup", "sessio
 KEY, ASSIGN, QUOTE, TYPE, COLON = 2355, 878, 1, 1798, 25  # ' key', '="', '"', ' type', ':'
 MAX_SOURCES = 8  # a token with more earlier sources than this (quotes, commas) is not a lookup
 LOOKUP_SOURCES = 4  # a key stands in the schema's properties, its required list and the request: 3
+FOLLOW_SOURCES = 3  # a value's last token stands once in the request; a digit or a common word more often
 
 
 def value_positions(ids: Sequence[int], kind: str) -> set[int] | None:
@@ -99,6 +107,30 @@ def lookup_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
                 continue
             sources = [j for j in at.get(ids[t + 1], ()) if j < a]
             if t not in induced and ids[t + 1] < SPECIAL_BASE and 0 < len(sources) <= max_sources:
+                out.append((t, sources))
+    return out
+
+
+def follow_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = FOLLOW_SOURCES,
+                   only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
+    """``(t, sources)`` for each answer position t (``ids[t]`` an answer token, in ``only`` if given) whose next
+    token no induction step gives, where ``ids[t]`` stands at 1..``max_sources`` prompt positions: the positions
+    j right after those (``ids[j-1] == ids[t]``, j before the answer). There the answer ends a copied value in
+    its own format (``","``, ``,"``, ``<|close|>``) where the request wrote another (``"\n``, ``\n``). JSON's own
+    punctuation (``{"``, ``":``) stands all over the declared schemas and is left alone."""
+    seps, quoted = _json_tokens()
+    after: dict[int, list[int]] = {}
+    for j in range(1, len(ids)):
+        after.setdefault(ids[j - 1], []).append(j)
+    induced = {t for t, _ in induction_targets(ids, answers, max_sources=len(ids))}
+    out: list[tuple[int, list[int]]] = []
+    for a, b in sorted(answers):
+        for t in range(a, b - 1):
+            if (t in induced or ids[t] >= SPECIAL_BASE or ids[t] in seps or ids[t] in quoted
+                    or (only is not None and t not in only)):
+                continue
+            sources = [j for j in after.get(ids[t], ()) if j < a]
+            if 0 < len(sources) <= max_sources:
                 out.append((t, sources))
     return out
 
@@ -237,10 +269,12 @@ def attention_loss(taps: MLAInputs, lens: Sequence[int], targets: Sequence[list[
     return total / (count * len(taps.inputs)), count
 
 
-# kind logged by the trainer -> (targets of one sequence, ``avoid``, head): the four supervisions
+# kind logged by the trainer -> (targets of one sequence, ``avoid``, head, kept to ``value_positions``): the
+# five supervisions (the lookups are kept to the values by ``--lookup-in values``)
 KINDS = {
-    "attn": (induction_targets, False, 0),
-    "miss": (functools.partial(induction_targets, misses=True), True, 0),
-    "lookup_attn": (lookup_targets, False, 1),
-    "type_attn": (type_targets, False, 1),
+    "attn": (induction_targets, False, 0, False),
+    "miss": (functools.partial(induction_targets, misses=True), True, 0, False),
+    "lookup_attn": (lookup_targets, False, 1, False),
+    "type_attn": (type_targets, False, 1, False),
+    "follow_attn": (follow_targets, False, 0, True),
 }

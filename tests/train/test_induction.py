@@ -14,8 +14,8 @@ from k3serve.train import data
 from k3serve.train.export import compact_config
 from k3serve.train.forward import train_forward
 from k3serve.train import tasks
-from k3serve.train.induction import (MLAInputs, attention_loss, head_qk, induction_targets, lookup_targets,
-                                     type_targets, value_positions)
+from k3serve.train.induction import (MLAInputs, attention_loss, follow_targets, head_qk, induction_targets,
+                                     lookup_targets, type_targets, value_positions)
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.init import init_for_training
@@ -120,6 +120,30 @@ def test_an_arguments_type_points_at_where_the_request_writes_its_value():
     assert type_targets(ids, [(4, 13)]) == [(11, [3])]
     assert type_targets(ids, [(4, 13)], max_sources=0) == [] and type_targets(ids, [(4, 13)], only=set()) == []
     assert type_targets([9, 6, 25, 40, *ids[4:]], [(4, 13)]) == []
+
+
+def test_follow_targets_point_a_value_end_at_what_follows_it_in_the_request():
+    #      0  1  2  3  4 | 5  6  7  8
+    ids = [9, 5, 6, 7, 8, 5, 6, 4, 2]
+    # t = 5 (5 -> 6) is an induction step (j = 2), t = 6 (6 -> 4) is none: the request's 6 is followed at j = 3;
+    # t = 7 (4) stands nowhere in the prompt
+    assert follow_targets(ids, [(5, 9)]) == [(6, [3])]
+    assert follow_targets(ids, [(5, 9)], max_sources=0) == [] and follow_targets(ids, [(5, 9)], only={5}) == []
+    # a JSON answer: every string value's last token points at the request's '"\n' (or '"' at the end) after it
+    tok = load_tokenizer()
+    ends = 0
+    for seed in range(8):
+        s = tasks.make("json", random.Random(seed), thinking=False, style=tasks.SHIPPED)
+        ids, n = encode_sample(s, tok)
+        only = value_positions(ids, "json")
+        got = dict(follow_targets(ids, [(n, len(ids))], only=only))
+        for t, sources in got.items():
+            assert t in only and all(j < n and ids[j - 1] == ids[t] for j in sources)
+        for t in range(n, len(ids) - 1):
+            if tok.decode([ids[t + 1]]) in ('","', '"}') and t in got:
+                assert {tok.decode([ids[j]]) for j in got[t]} & {'"\n', '"'}
+                ends += 1
+    assert ends >= 8
 
 
 def test_a_synthetic_copy_has_a_source_for_every_answer_token():
@@ -256,7 +280,8 @@ def test_step_loss_supervises_the_lookups_in_values_and_the_types():
     for where, lookups in (("all", lookup_targets(e.ids, e.answers)),
                            ("values", lookup_targets(e.ids, e.answers, only=only))):
         kinds: dict = {}
-        step_loss(m, vocab, [e], kinds, lookup_weight=0.5, lookup_in=where, type_weight=0.5)
+        step_loss(m, vocab, [e], kinds, lookup_weight=0.5, lookup_in=where, type_weight=0.5, follow_weight=0.5)
         assert kinds["lookup_attn"][1] == len(lookups)  # by_kind counts the supervised positions
         assert kinds["type_attn"][1] == len(type_targets(e.ids, e.answers)) > 0
+        assert kinds["follow_attn"][1] == len(follow_targets(e.ids, e.answers, only=only)) > 0  # always in values
     assert len(lookup_targets(e.ids, e.answers, only=only)) < len(lookup_targets(e.ids, e.answers))
