@@ -63,6 +63,7 @@ class TrainConfig:
     lookup_in: str = "all"
     attn_types: float = 0.0
     attn_follow: float = 0.0
+    attn_keys: float = 0.0
     split_residual: bool = False
     split_shifts: int = 0
 
@@ -166,6 +167,8 @@ HELP = {
     "attn_follow": "weight of the loss that points head 0's query at a copied value's token, where the answer's "
                    "next token is no copy (the value's end), to the request position after the same token "
                    "(train/induction.py follow_targets; 0: off)",
+    "attn_keys": "weight of the loss that points head 1's query before an argument's or JSON answer's key to where "
+                 "the request's line for that key starts (train/keyed.py key_targets; 0: off)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
                       "writing the second half, for MLA keys to match on (train/init.py)",
     "split_shifts": "make heads 0..N-1 of the first KDA layer previous-token heads for the N tokens before, "

@@ -29,17 +29,13 @@ finding a tool's name among the declared ones is how the model tells whether it 
 
 The lookups (head 1, ``--attn-lookup``) are the answer tokens no induction step gives but the prompt holds.
 Over every answer token they also cover the reasoning's words and the called tool's name, and run wm1 lost
-the choice among tools (right tool 12/40 against wm2's 33/40 without them). ``value_positions`` keeps them
+the choice among tools (right tool 12/40 against wm2's 33/40 without them). ``keyed.value_positions`` keeps them
 to what is copied into a structure: a call's argument blocks (``<|open|>argument key="k" ...<|close|>``),
 a JSON answer's response, and every token of the warm-up and recall samples.
 
-Most of wm1's wrong arguments have the wrong type (``type="array"`` for a string, then a neighbouring line's
-array as the value): the type is looked up under the key in the declared schema, where ``integer`` is even
-written ``number``. The request shows the type too, in how the key's value starts (``minute: "``,
-``nights: 4``, ``artist: {``). ``type_targets`` (``--attn-types``, head 1) points the type's query at
-that position, right after ``K:`` for the argument's key K, which the context heads let a key match. A JSON
-answer writes the type in the token after the key (``":"`` string, ``":`` number, ``":["`` array), and gets
-the same pointer there.
+Two pointers of head 1 read the request by a structured answer's keys (``keyed.py``): at an argument's type
+(``--attn-types``) to where the request writes that key's value, whose first token shows the type, and before
+a key (``--attn-keys``) to where the request's line for that key starts.
 
 A copied value ends where the answer's format and the request's part: ``"velvet morning"`` ends in ``","``
 in a JSON answer and in ``"\n`` on the request's line, so no induction step gives the end, and run wv3 ran on
@@ -61,32 +57,10 @@ from torch import nn
 
 from k3serve.layers.mla import MLAttention
 from k3serve.train.data import SPECIAL_BASE  # the format's tags: never looked up
+from k3serve.train.keyed import LOOKUP_SOURCES, json_tokens, key_targets, type_targets
 
-OPEN, CLOSE = 163587, 163588  # <|open|> and <|close|> of the K3 format
-ARGUMENT, RESPONSE = 47185, 12092  # "argument" and "response" after <|open|> (Kimi vocabulary)
-STRUCTURED = frozenset({"tool", "choose", "decline", "json", "followup", "session"})  # tasks with prose answers
-KEY, ASSIGN, QUOTE, TYPE, COLON = 2355, 878, 1, 1798, 25  # ' key', '="', '"', ' type', ':'
 MAX_SOURCES = 8  # a token with more earlier sources than this (quotes, commas) is not a lookup
-LOOKUP_SOURCES = 4  # a key stands in the schema's properties, its required list and the request: 3
 FOLLOW_SOURCES = 3  # a value's last token stands once in the request; a digit or a common word more often
-
-
-def value_positions(ids: Sequence[int], kind: str) -> set[int] | None:
-    """Positions of the tokens inside a call's argument blocks (and, for ``json``, inside the response) after
-    the block's tag; ``None`` (every position) for the kinds without prose (warm-ups, recall lists)."""
-    if kind not in STRUCTURED:
-        return None
-    tags = {ARGUMENT, RESPONSE} if kind == "json" else {ARGUMENT}
-    out: set[int] = set()
-    inside = False
-    for u, tok in enumerate(ids):
-        if tok == OPEN:
-            inside = u + 1 < len(ids) and ids[u + 1] in tags
-        elif tok == CLOSE:
-            inside = False
-        elif inside and ids[u - 1] != OPEN:
-            out.add(u)
-    return out
 
 
 def lookup_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
@@ -118,7 +92,7 @@ def follow_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_s
     j right after those (``ids[j-1] == ids[t]``, j before the answer). There the answer ends a copied value in
     its own format (``","``, ``,"``, ``<|close|>``) where the request wrote another (``"\n``, ``\n``). JSON's own
     punctuation (``{"``, ``":``) stands all over the declared schemas and is left alone."""
-    seps, quoted = _json_tokens()
+    seps, quoted = json_tokens()
     after: dict[int, list[int]] = {}
     for j in range(1, len(ids)):
         after.setdefault(ids[j - 1], []).append(j)
@@ -130,55 +104,6 @@ def follow_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_s
                     or (only is not None and t not in only)):
                 continue
             sources = [j for j in after.get(ids[t], ()) if j < a]
-            if 0 < len(sources) <= max_sources:
-                out.append((t, sources))
-    return out
-
-
-@functools.cache
-def _json_tokens() -> tuple[frozenset[int], frozenset[int]]:
-    """Ids whose text starts with ``":`` (a JSON key's end, with the value's opening), and ids whose text ends
-    with ``"`` (what stands before a key: ``{"``, ``","``, ``],"``)."""
-    from k3serve.train.tok import load_tokenizer
-
-    tok = load_tokenizer()
-    texts = [(i, tok.decode([i])) for i in range(SPECIAL_BASE)]
-    return (frozenset(i for i, t in texts if t.startswith('":')), frozenset(i for i, t in texts if t.endswith('"')))
-
-
-def _request_values(ids: Sequence[int], key: list[int], before: int) -> list[int]:
-    """Positions j < ``before`` right after ``K:`` (K = the ``key`` tokens): where the request writes K's value."""
-    k = len(key)
-    return [j for j in range(k + 1, before) if ids[j - 1] == COLON and list(ids[j - 1 - k:j - 1]) == key]
-
-
-def type_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = LOOKUP_SOURCES,
-                 only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
-    """``(t, sources)`` for each argument block ``<|open|>argument key="K" type="T"`` of the answers, t at the
-    ``="`` before T, and for each JSON key K (t = its last token, before ``":...``): the prompt positions j right
-    after ``K:`` (where the request writes K's value)."""
-    out: list[tuple[int, list[int]]] = []
-    seps, quoted = _json_tokens()
-    for a, b in sorted(answers):
-        for u in range(a + 1, b):
-            if ids[u] not in seps:
-                continue
-            s = next((i for i in range(u - 1, max(a, u - 6) - 1, -1) if ids[i] in quoted), None)
-            if s is None or s == u - 1 or (only is not None and u not in only):
-                continue
-            sources = _request_values(ids, list(ids[s + 1:u]), a)
-            if 0 < len(sources) <= max_sources:
-                out.append((u - 1, sources))
-        for u in range(a, b - 6):
-            if (ids[u], ids[u + 1], ids[u + 2], ids[u + 3]) != (OPEN, ARGUMENT, KEY, ASSIGN):
-                continue
-            q = next((i for i in range(u + 4, b - 2) if ids[i] == QUOTE), None)
-            if q is None or q == u + 4 or (ids[q + 1], ids[q + 2]) != (TYPE, ASSIGN):
-                continue
-            t = q + 2
-            if only is not None and t + 1 not in only:
-                continue
-            sources = _request_values(ids, list(ids[u + 4:q]), a)
             if 0 < len(sources) <= max_sources:
                 out.append((t, sources))
     return out
@@ -269,12 +194,13 @@ def attention_loss(taps: MLAInputs, lens: Sequence[int], targets: Sequence[list[
     return total / (count * len(taps.inputs)), count
 
 
-# kind logged by the trainer -> (targets of one sequence, ``avoid``, head, kept to ``value_positions``): the
-# five supervisions (the lookups are kept to the values by ``--lookup-in values``)
+# kind logged by the trainer -> (targets of one sequence, ``avoid``, head, kept to ``keyed.value_positions``):
+# the six supervisions (the lookups are kept to the values by ``--lookup-in values``)
 KINDS = {
     "attn": (induction_targets, False, 0, False),
     "miss": (functools.partial(induction_targets, misses=True), True, 0, False),
     "lookup_attn": (lookup_targets, False, 1, False),
     "type_attn": (type_targets, False, 1, False),
+    "key_attn": (key_targets, False, 1, False),
     "follow_attn": (follow_targets, False, 0, True),
 }

@@ -31,7 +31,7 @@ from k3serve.core.config import ModelConfig
 from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.moe import MoEGate
 from k3serve.models.kimi import build_model
-from k3serve.train import data, induction, parallel
+from k3serve.train import data, induction, keyed, parallel
 from k3serve.train.config import TrainConfig, add_arguments
 from k3serve.train.export import compact_config, export, load_params, save_compact
 from k3serve.train.forward import train_forward
@@ -72,15 +72,17 @@ class LoadTracker:
 def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
               by_kind: dict[str, list[float]] | None = None, attn_weight: float = 0.0,
               miss_weight: float = 0.0, lookup_weight: float = 0.0, lookup_in: str = "all",
-              type_weight: float = 0.0, follow_weight: float = 0.0) -> tuple[torch.Tensor, int]:
+              type_weight: float = 0.0, follow_weight: float = 0.0, key_weight: float = 0.0
+              ) -> tuple[torch.Tensor, int]:
     """Mean loss over the answer tokens of the batch, and how many there were; ``by_kind`` (if given)
     accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt.
     ``attn_weight`` > 0 adds that times the MLA attention supervision of ``induction.py`` (logged as kind
     ``attn``), ``miss_weight`` > 0 that times its loss on the misses (kind ``miss``), ``lookup_weight``
     > 0 that times head 1's loss on the lookups (kind ``lookup_attn``; ``lookup_in="values"`` keeps them to
-    ``induction.value_positions``), ``type_weight`` > 0 that times its loss pointing an argument's type at
+    ``keyed.value_positions``), ``type_weight`` > 0 that times its loss pointing an argument's type at
     where the request writes the key's value (kind ``type_attn``), ``follow_weight`` > 0 that times head 0's
-    loss after a value's last token (kind ``follow_attn``). The batch is assembled on the host
+    loss after a value's last token (kind ``follow_attn``), ``key_weight`` > 0 that times head 1's loss before a
+    key, pointing at the request's line for it (kind ``key_attn``). The batch is assembled on the host
     and moved to the model's device in one copy each."""
     device = next(model.parameters()).device
     lens = [len(e.ids) for e in batch]
@@ -93,7 +95,7 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
     pos_t = torch.cat(pos)
     target = flat[pos_t + 1].to(device)
     weights = {"attn": attn_weight, "miss": miss_weight, "lookup_attn": lookup_weight, "type_attn": type_weight,
-               "follow_attn": follow_weight}
+               "follow_attn": follow_weight, "key_attn": key_weight}
     taps = induction.MLAInputs(model) if max(weights.values()) > 0 else None
     with taps or contextlib.nullcontext():
         hidden = train_forward(model, list(flat.to(device).split(lens)))
@@ -103,7 +105,7 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
         if weight > 0:
             targets_of, avoid, head, values = induction.KINDS[name]
             values = values or (name == "lookup_attn" and lookup_in == "values")
-            targets = [targets_of(e.ids, e.answers, only=induction.value_positions(e.ids, e.kind) if values else None)
+            targets = [targets_of(e.ids, e.answers, only=keyed.value_positions(e.ids, e.kind) if values else None)
                        for e in batch]
             attn, n_attn = induction.attention_loss(taps, lens, targets, avoid, head)
             loss = loss + weight * attn
@@ -189,7 +191,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
             group["lr"] = lr_at(cfg, step)
         with parametrize.cached():
             loss, _ = step_loss(model, vocab, batch, kinds, cfg.attn_sup, cfg.attn_miss, cfg.attn_lookup,
-                                cfg.lookup_in, cfg.attn_types, cfg.attn_follow)
+                                cfg.lookup_in, cfg.attn_types, cfg.attn_follow, cfg.attn_keys)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         parallel.average_grads(list(model.parameters()), world)

@@ -15,7 +15,8 @@ from k3serve.train.export import compact_config
 from k3serve.train.forward import train_forward
 from k3serve.train import tasks
 from k3serve.train.induction import (MLAInputs, attention_loss, follow_targets, head_qk, induction_targets,
-                                     lookup_targets, type_targets, value_positions)
+                                     lookup_targets)
+from k3serve.train.keyed import key_targets, type_targets, value_positions
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.init import init_for_training
@@ -59,67 +60,6 @@ def test_only_keeps_the_targets_at_those_answer_positions():
     assert lookup_targets(ids, [(6, 9)], only={7}) == [(6, [3])]
     assert lookup_targets(ids, [(6, 9)], only=set()) == []
     assert induction_targets([7, 1, 2, 3, 9, 1, 2, 3, 1], [(6, 9)], only={7}) == [(6, [3])]
-
-
-def test_the_format_token_ids_are_the_kimi_tokenizers():
-    from k3serve.train import induction
-
-    tok = load_tokenizer()
-    for text, want in (("argument", induction.ARGUMENT), ("response", induction.RESPONSE), (" key", induction.KEY),
-                       ('="', induction.ASSIGN), ('"', induction.QUOTE), (" type", induction.TYPE),
-                       (":", induction.COLON)):
-        assert [int(i) for i in tok.encode(text)] == [want]
-    assert [int(i) for i in tok.encode_segments([("<|open|>", True), ("<|close|>", True)])] == \
-        [induction.OPEN, induction.CLOSE]
-
-
-def test_value_positions_are_the_argument_blocks_and_a_json_response():
-    tok = load_tokenizer()
-    for kind in ("choose", "json"):
-        s = tasks.make(kind, random.Random(1), style=tasks.SHIPPED, thinking=True)
-        ids, n = encode_sample(s, tok)
-        only = value_positions(ids, kind)
-        text = tok.decode([ids[u] for u in sorted(only)])
-        assert min(only) >= n  # the declarations' tags are not argument blocks
-        assert "user wants" not in text and "call tool=" not in text and "argument" not in text
-        if kind == "choose":
-            for key in json.loads(s.target["tool_calls"][0]["function"]["arguments"]):
-                assert f'key="{key}"' in text
-        else:
-            assert '{"' in text and "}" in text
-    assert value_positions([1, 2, 3], "recall") is None and value_positions([1, 2], "lookup") is None
-    assert value_positions([163587, 47185, 5, 163588, 6], "decline") == {2}
-
-
-def test_an_arguments_type_points_at_where_the_request_writes_its_value():
-    tok = load_tokenizer()
-    first = {"string": ' "', "number": " ", "array": ' ["', "object": ' {"', "boolean": (" true", " false")}
-    seen = 0
-    for seed in range(12):
-        s = tasks.make("tool", random.Random(seed), style=tasks.SHIPPED)
-        ids, n = encode_sample(s, tok)
-        got = type_targets(ids, [(n, len(ids))])
-        assert len(got) == len(json.loads(s.target["tool_calls"][0]["function"]["arguments"]))
-        for t, (j,) in got:
-            assert tok.decode(ids[t - 1:t + 1]) == ' type="' and j < n
-            assert tok.decode([ids[j]]) in first[tok.decode([ids[t + 1]])]
-            seen += 1
-    assert seen > 12
-    # a JSON answer: the token after each top-level key opens its value ('":"' for a string, '":' for a number)
-    j_first = {'":"': ' "', '":': (" ", " true", " false"), '":["': ' ["', '":{"': ' {"'}
-    for seed in range(6):
-        s = tasks.make("json", random.Random(seed), style=tasks.SHIPPED)
-        ids, n = encode_sample(s, tok)
-        got = type_targets(ids, [(n, len(ids))])
-        assert len(got) == len(s.expected["json"])
-        for t, (j,) in got:
-            assert tok.decode([ids[j]]) in j_first[tok.decode([ids[t + 1]])] and j < n
-    # t at the '="' before the type (11); the key (5) must stand before ':' (25) in the prompt (source 3,
-    # the value's first token); the cap and ``only`` hold
-    ids = [9, 5, 25, 40, 163587, 47185, 2355, 878, 5, 1, 1798, 878, 60]
-    assert type_targets(ids, [(4, 13)]) == [(11, [3])]
-    assert type_targets(ids, [(4, 13)], max_sources=0) == [] and type_targets(ids, [(4, 13)], only=set()) == []
-    assert type_targets([9, 6, 25, 40, *ids[4:]], [(4, 13)]) == []
 
 
 def test_follow_targets_point_a_value_end_at_what_follows_it_in_the_request():
@@ -280,8 +220,10 @@ def test_step_loss_supervises_the_lookups_in_values_and_the_types():
     for where, lookups in (("all", lookup_targets(e.ids, e.answers)),
                            ("values", lookup_targets(e.ids, e.answers, only=only))):
         kinds: dict = {}
-        step_loss(m, vocab, [e], kinds, lookup_weight=0.5, lookup_in=where, type_weight=0.5, follow_weight=0.5)
+        step_loss(m, vocab, [e], kinds, lookup_weight=0.5, lookup_in=where, type_weight=0.5, follow_weight=0.5,
+                  key_weight=0.5)
         assert kinds["lookup_attn"][1] == len(lookups)  # by_kind counts the supervised positions
         assert kinds["type_attn"][1] == len(type_targets(e.ids, e.answers)) > 0
         assert kinds["follow_attn"][1] == len(follow_targets(e.ids, e.answers, only=only)) > 0  # always in values
+        assert kinds["key_attn"][1] == len(key_targets(e.ids, e.answers)) > 0
     assert len(lookup_targets(e.ids, e.answers, only=only)) < len(lookup_targets(e.ids, e.answers))

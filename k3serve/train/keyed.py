@@ -1,0 +1,116 @@
+"""Where a structured answer's keys and types stand, and where the request shows them: the format-aware
+targets of the attention supervision (``induction.KINDS``), over token ids.
+
+A call writes each argument as ``<|open|>argument key="K" type="T"<|sep|>VALUE<|close|>argument``, a JSON
+answer as ``{"K":VALUE,...}``; a request in lines form writes ``K: VALUE`` one per line, K the very token the
+answer writes. ``answer_keys`` finds every key K an answer writes: the position before it (``="`` or the JSON
+token that ends in ``"``), its tokens, and the position whose next token shows its type. Two pointers follow:
+
+- ``type_targets`` (head 1): at the type, the request position right after ``K:``, whose token shows the type
+  (``minute: "``, ``nights: 4``, ``artist: {``); run wm1's wrong arguments mostly had the wrong type.
+- ``key_targets`` (head 1): before the key, the request position where ``K:`` starts. The plain lookups point
+  at every K of the prompt and drop a key that more than ``LOOKUP_SOURCES`` positions hold; in a choice among
+  tools the other tools' schemas share keys, and run wv3's second argument was often another tool's property.
+
+``value_positions`` is where copies are supervised: inside argument blocks and a JSON response.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Container, Iterator, Sequence
+
+from k3serve.train.data import SPECIAL_BASE
+
+OPEN, CLOSE = 163587, 163588  # <|open|> and <|close|> of the K3 format
+ARGUMENT, RESPONSE = 47185, 12092  # "argument" and "response" after <|open|> (Kimi vocabulary)
+STRUCTURED = frozenset({"tool", "choose", "decline", "json", "followup", "session"})  # tasks with prose answers
+KEY, ASSIGN, QUOTE, TYPE, COLON = 2355, 878, 1, 1798, 25  # ' key', '="', '"', ' type', ':'
+LOOKUP_SOURCES = 4  # a key stands in the schema's properties, its required list and the request: 3
+
+
+def value_positions(ids: Sequence[int], kind: str) -> set[int] | None:
+    """Positions of the tokens inside a call's argument blocks (and, for ``json``, inside the response) after
+    the block's tag; ``None`` (every position) for the kinds without prose (warm-ups, recall lists)."""
+    if kind not in STRUCTURED:
+        return None
+    tags = {ARGUMENT, RESPONSE} if kind == "json" else {ARGUMENT}
+    out: set[int] = set()
+    inside = False
+    for u, tok in enumerate(ids):
+        if tok == OPEN:
+            inside = u + 1 < len(ids) and ids[u + 1] in tags
+        elif tok == CLOSE:
+            inside = False
+        elif inside and ids[u - 1] != OPEN:
+            out.add(u)
+    return out
+
+
+@functools.cache
+def json_tokens() -> tuple[frozenset[int], frozenset[int]]:
+    """Ids whose text starts with ``":`` (a JSON key's end, with the value's opening), and ids whose text ends
+    with ``"`` (what stands before a key: ``{"``, ``","``, ``],"``)."""
+    from k3serve.train.tok import load_tokenizer
+
+    tok = load_tokenizer()
+    texts = [(i, tok.decode([i])) for i in range(SPECIAL_BASE)]
+    return (frozenset(i for i, t in texts if t.startswith('":')), frozenset(i for i, t in texts if t.endswith('"')))
+
+
+def answer_keys(ids: Sequence[int], a: int, b: int) -> Iterator[tuple[int, int, int, int]]:
+    """``(before, start, end, typed)`` for each key an answer ``ids[a:b]`` writes: the key's tokens are
+    ``ids[start:end]``, ``before`` the position just before them, ``typed`` the position whose next token
+    shows the value's type (a JSON key's last token, before ``":...``; an argument's ``="`` before T)."""
+    seps, quoted = json_tokens()
+    for u in range(a + 1, b):
+        if ids[u] not in seps:
+            continue
+        s = next((i for i in range(u - 1, max(a, u - 6) - 1, -1) if ids[i] in quoted), None)
+        if s is not None and s != u - 1:
+            yield s, s + 1, u, u - 1
+    for u in range(a, b - 6):
+        if (ids[u], ids[u + 1], ids[u + 2], ids[u + 3]) != (OPEN, ARGUMENT, KEY, ASSIGN):
+            continue
+        q = next((i for i in range(u + 4, b - 2) if ids[i] == QUOTE), None)
+        if q is not None and q != u + 4 and (ids[q + 1], ids[q + 2]) == (TYPE, ASSIGN):
+            yield u + 3, u + 4, q, q + 2
+
+
+def _request_keys(ids: Sequence[int], key: list[int], before: int) -> list[int]:
+    """Positions j < ``before`` where ``K:`` starts (K = the ``key`` tokens): where the request writes K."""
+    k = len(key)
+    return [j for j in range(0, before - k) if ids[j + k] == COLON and list(ids[j:j + k]) == key]
+
+
+def type_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = LOOKUP_SOURCES,
+                 only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
+    """``(t, sources)`` for each key K of the answers, t where its type is written next (``answer_keys``): the
+    prompt positions right after ``K:`` (where the request writes K's value). With ``only``, just the types
+    whose token stands at those positions."""
+    out: list[tuple[int, list[int]]] = []
+    for a, b in sorted(answers):
+        for _, start, end, typed in answer_keys(ids, a, b):
+            if only is not None and typed + 1 not in only:
+                continue
+            k = end - start
+            sources = [j + k + 1 for j in _request_keys(ids, list(ids[start:end]), a) if j + k + 1 < a]
+            if 0 < len(sources) <= max_sources:
+                out.append((typed, sources))
+    return sorted(out)
+
+
+def key_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = 1,
+                only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
+    """``(t, sources)`` for each key K of the answers, t just before it: the prompt positions where ``K:``
+    starts (the request's line; one, unless the request writes the key twice). With ``only``, just the keys
+    whose first token stands at those positions."""
+    out: list[tuple[int, list[int]]] = []
+    for a, b in sorted(answers):
+        for before, start, end, _ in answer_keys(ids, a, b):
+            if only is not None and start not in only:
+                continue
+            sources = _request_keys(ids, list(ids[start:end]), a)
+            if 0 < len(sources) <= max_sources:
+                out.append((before, sources))
+    return sorted(out)

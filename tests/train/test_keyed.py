@@ -1,0 +1,92 @@
+"""The format-aware targets: where an answer's keys, types and values stand, and where the request shows them."""
+
+import json
+import random
+
+from k3serve.train import keyed, tasks
+from k3serve.train.keyed import answer_keys, key_targets, type_targets, value_positions
+from k3serve.train.render import encode_sample
+from k3serve.train.tok import load_tokenizer
+
+
+def test_the_format_token_ids_are_the_kimi_tokenizers():
+    tok = load_tokenizer()
+    for text, want in (("argument", keyed.ARGUMENT), ("response", keyed.RESPONSE), (" key", keyed.KEY),
+                       ('="', keyed.ASSIGN), ('"', keyed.QUOTE), (" type", keyed.TYPE),
+                       (":", keyed.COLON)):
+        assert [int(i) for i in tok.encode(text)] == [want]
+    assert [int(i) for i in tok.encode_segments([("<|open|>", True), ("<|close|>", True)])] == \
+        [keyed.OPEN, keyed.CLOSE]
+
+
+def test_value_positions_are_the_argument_blocks_and_a_json_response():
+    tok = load_tokenizer()
+    for kind in ("choose", "json"):
+        s = tasks.make(kind, random.Random(1), style=tasks.SHIPPED, thinking=True)
+        ids, n = encode_sample(s, tok)
+        only = value_positions(ids, kind)
+        text = tok.decode([ids[u] for u in sorted(only)])
+        assert min(only) >= n  # the declarations' tags are not argument blocks
+        assert "user wants" not in text and "call tool=" not in text and "argument" not in text
+        if kind == "choose":
+            for key in json.loads(s.target["tool_calls"][0]["function"]["arguments"]):
+                assert f'key="{key}"' in text
+        else:
+            assert '{"' in text and "}" in text
+    assert value_positions([1, 2, 3], "recall") is None and value_positions([1, 2], "lookup") is None
+    assert value_positions([163587, 47185, 5, 163588, 6], "decline") == {2}
+
+
+def test_an_arguments_type_points_at_where_the_request_writes_its_value():
+    tok = load_tokenizer()
+    first = {"string": ' "', "number": " ", "array": ' ["', "object": ' {"', "boolean": (" true", " false")}
+    seen = 0
+    for seed in range(12):
+        s = tasks.make("tool", random.Random(seed), style=tasks.SHIPPED)
+        ids, n = encode_sample(s, tok)
+        got = type_targets(ids, [(n, len(ids))])
+        assert len(got) == len(json.loads(s.target["tool_calls"][0]["function"]["arguments"]))
+        for t, (j,) in got:
+            assert tok.decode(ids[t - 1:t + 1]) == ' type="' and j < n
+            assert tok.decode([ids[j]]) in first[tok.decode([ids[t + 1]])]
+            seen += 1
+    assert seen > 12
+    # a JSON answer: the token after each top-level key opens its value ('":"' for a string, '":' for a number)
+    j_first = {'":"': ' "', '":': (" ", " true", " false"), '":["': ' ["', '":{"': ' {"'}
+    for seed in range(6):
+        s = tasks.make("json", random.Random(seed), style=tasks.SHIPPED)
+        ids, n = encode_sample(s, tok)
+        got = type_targets(ids, [(n, len(ids))])
+        assert len(got) == len(s.expected["json"])
+        for t, (j,) in got:
+            assert tok.decode([ids[j]]) in j_first[tok.decode([ids[t + 1]])] and j < n
+    # t at the '="' before the type (11); the key (5) must stand before ':' (25) in the prompt (source 3,
+    # the value's first token); the cap and ``only`` hold
+    ids = [9, 5, 25, 40, 163587, 47185, 2355, 878, 5, 1, 1798, 878, 60]
+    assert type_targets(ids, [(4, 13)]) == [(11, [3])]
+    assert type_targets(ids, [(4, 13)], max_sources=0) == [] and type_targets(ids, [(4, 13)], only=set()) == []
+    assert type_targets([9, 6, 25, 40, *ids[4:]], [(4, 13)]) == []
+
+
+def test_a_key_points_at_the_requests_line_for_it():
+    tok = load_tokenizer()
+    seen = 0
+    for kind, seed in [("tool", s) for s in range(6)] + [("choose", s) for s in range(6)] + [("json", 1), ("json", 2)]:
+        s = tasks.make(kind, random.Random(seed), style=tasks.SHIPPED)
+        ids, n = encode_sample(s, tok)
+        got = key_targets(ids, [(n, len(ids))])
+        args = s.expected.get("arguments") or s.expected.get("json")
+        # every top-level key, in the answer's order (the request's lines); nested keys are JSON in the request
+        assert [tok.decode(ids[j:j + len(tok.encode(k))]) for (_, (j,)), k in zip(got, args)] == list(args)
+        assert len(got) == len(args)
+        for t, (j,) in got:
+            assert j < n and t >= n
+            k = next(e for b, st, e, _ in answer_keys(ids, n, len(ids)) if b == t)
+            assert list(ids[j:j + k - t - 1]) == list(ids[t + 1:k]) and ids[j + k - t - 1] == keyed.COLON
+            seen += 1
+    assert seen >= 20
+    # before = 7 ('="' after ' key'), the key 5 stands at 1 before ':' (25); two such lines: no target
+    ids = [9, 5, 25, 40, 163587, 47185, 2355, 878, 5, 1, 1798, 878, 60]
+    assert key_targets(ids, [(4, 13)]) == [(7, [1])]
+    assert key_targets(ids, [(4, 13)], only={9}) == [] and key_targets(ids, [(4, 13)], only={8}) == [(7, [1])]
+    assert key_targets([5, 25, 5, 25, *ids[4:]], [(4, 13)]) == []
