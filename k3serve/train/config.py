@@ -64,6 +64,7 @@ class TrainConfig:
     attn_types: float = 0.0
     attn_follow: float = 0.0
     attn_keys: float = 0.0
+    attn_names: float = 0.0
     split_residual: bool = False
     split_shifts: int = 0
 
@@ -169,6 +170,8 @@ HELP = {
                    "(train/induction.py follow_targets; 0: off)",
     "attn_keys": "weight of the loss that points head 1's query before an argument's or JSON answer's key to where "
                  "the request's line for that key starts (train/keyed.py key_targets; 0: off)",
+    "attn_names": "weight of the loss that points head 1's query at a call's tool=\" to where the reasoning and the "
+                  "declarations wrote the tool's name (train/keyed.py name_targets; 0: off)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
                       "writing the second half, for MLA keys to match on (train/init.py)",
     "split_shifts": "make heads 0..N-1 of the first KDA layer previous-token heads for the N tokens before, "

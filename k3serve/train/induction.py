@@ -35,7 +35,8 @@ a JSON answer's response, and every token of the warm-up and recall samples.
 
 Two pointers of head 1 read the request by a structured answer's keys (``keyed.py``): at an argument's type
 (``--attn-types``) to where the request writes that key's value, whose first token shows the type, and before
-a key (``--attn-keys``) to where the request's line for that key starts.
+a key (``--attn-keys``) to where the request's line for that key starts; a third, at a call's ``tool="``
+(``--attn-names``), to where the reasoning and the declarations wrote the tool's name.
 
 A copied value ends where the answer's format and the request's part: ``"velvet morning"`` ends in ``","``
 in a JSON answer and in ``"\n`` on the request's line, so no induction step gives the end, and run wv3 ran on
@@ -57,7 +58,7 @@ from torch import nn
 
 from k3serve.layers.mla import MLAttention
 from k3serve.train.data import SPECIAL_BASE  # the format's tags: never looked up
-from k3serve.train.keyed import LOOKUP_SOURCES, json_tokens, key_targets, type_targets
+from k3serve.train.keyed import LOOKUP_SOURCES, json_tokens, key_targets, name_targets, type_targets
 
 MAX_SOURCES = 8  # a token with more earlier sources than this (quotes, commas) is not a lookup
 FOLLOW_SOURCES = 3  # a value's last token stands once in the request; a digit or a common word more often
@@ -195,12 +196,13 @@ def attention_loss(taps: MLAInputs, lens: Sequence[int], targets: Sequence[list[
 
 
 # kind logged by the trainer -> (targets of one sequence, ``avoid``, head, kept to ``keyed.value_positions``):
-# the six supervisions (the lookups are kept to the values by ``--lookup-in values``)
+# the seven supervisions (the lookups are kept to the values by ``--lookup-in values``)
 KINDS = {
     "attn": (induction_targets, False, 0, False),
     "miss": (functools.partial(induction_targets, misses=True), True, 0, False),
     "lookup_attn": (lookup_targets, False, 1, False),
     "type_attn": (type_targets, False, 1, False),
     "key_attn": (key_targets, False, 1, False),
+    "name_attn": (name_targets, False, 1, False),
     "follow_attn": (follow_targets, False, 0, True),
 }

@@ -8,6 +8,9 @@ token that ends in ``"``), its tokens, and the position whose next token shows i
 
 - ``type_targets`` (head 1): at the type, the request position right after ``K:``, whose token shows the type
   (``minute: "``, ``nights: 4``, ``artist: {``); run wm1's wrong arguments mostly had the wrong type.
+- ``name_targets`` (head 1): at a call's ``tool="``, the tool's name where the answer's reasoning wrote it
+  (`` close`` ``_payment``, the first token with its space) and where the declarations do. Teacher-forced with
+  the reasoning naming the right tool, run wv3 still wrote another tool's verb there in 6 of 30 choices.
 - ``key_targets`` (head 1): before the key, the request position where ``K:`` starts. The plain lookups point
   at every K of the prompt and drop a key that more than ``LOOKUP_SOURCES`` positions hold; in a choice among
   tools the other tools' schemas share keys, and run wv3's second argument was often another tool's property.
@@ -26,6 +29,7 @@ OPEN, CLOSE = 163587, 163588  # <|open|> and <|close|> of the K3 format
 ARGUMENT, RESPONSE = 47185, 12092  # "argument" and "response" after <|open|> (Kimi vocabulary)
 STRUCTURED = frozenset({"tool", "choose", "decline", "json", "followup", "session"})  # tasks with prose answers
 KEY, ASSIGN, QUOTE, TYPE, COLON = 2355, 878, 1, 1798, 25  # ' key', '="', '"', ' type', ':'
+CALL, TOOL = 10257, 4453  # 'call' after <|open|>, ' tool' (``<|open|>call tool="NAME"``)
 LOOKUP_SOURCES = 4  # a key stands in the schema's properties, its required list and the request: 3
 
 
@@ -75,6 +79,40 @@ def answer_keys(ids: Sequence[int], a: int, b: int) -> Iterator[tuple[int, int, 
         q = next((i for i in range(u + 4, b - 2) if ids[i] == QUOTE), None)
         if q is not None and q != u + 4 and (ids[q + 1], ids[q + 2]) == (TYPE, ASSIGN):
             yield u + 3, u + 4, q, q + 2
+
+
+@functools.cache
+def spaced(tok_id: int) -> int | None:
+    """The id of the same text with a space before it (``create`` -> `` create``), if one token."""
+    from k3serve.train.tok import load_tokenizer
+
+    tok = load_tokenizer()
+    ids = tok.encode(" " + tok.decode([tok_id]))
+    return int(ids[0]) if len(ids) == 1 else None
+
+
+def name_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = LOOKUP_SOURCES,
+                 only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
+    """``(t, sources)`` for each call ``<|open|>call tool="NAME"`` of the answers, t at its ``="``: the first
+    token of each earlier mention of NAME, in the answer before it with a space (the reasoning's
+    ``The tool close_payment``) or anywhere before it as written (the declarations' ``"name":"close_payment"``).
+    With ``only``, just the calls whose name's first token stands at those positions."""
+    out: list[tuple[int, list[int]]] = []
+    for a, b in sorted(answers):
+        for u in range(a, b - 5):
+            if (ids[u], ids[u + 1], ids[u + 2], ids[u + 3]) != (OPEN, CALL, TOOL, ASSIGN):
+                continue
+            t = u + 3
+            q = next((i for i in range(t + 1, b) if ids[i] == QUOTE), None)
+            if q is None or q == t + 1 or (only is not None and t + 1 not in only):
+                continue
+            name, first = list(ids[t + 1:q]), spaced(ids[t + 1])
+            m = len(name)
+            sources = [j for j in range(t - m + 1) if list(ids[j + 1:j + m]) == name[1:] and
+                       (ids[j] == name[0] or (j >= a and ids[j] == first))]
+            if 0 < len(sources) <= max_sources:
+                out.append((t, sources))
+    return out
 
 
 def _request_keys(ids: Sequence[int], key: list[int], before: int) -> list[int]:

@@ -72,8 +72,8 @@ class LoadTracker:
 def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
               by_kind: dict[str, list[float]] | None = None, attn_weight: float = 0.0,
               miss_weight: float = 0.0, lookup_weight: float = 0.0, lookup_in: str = "all",
-              type_weight: float = 0.0, follow_weight: float = 0.0, key_weight: float = 0.0
-              ) -> tuple[torch.Tensor, int]:
+              type_weight: float = 0.0, follow_weight: float = 0.0, key_weight: float = 0.0,
+              name_weight: float = 0.0) -> tuple[torch.Tensor, int]:
     """Mean loss over the answer tokens of the batch, and how many there were; ``by_kind`` (if given)
     accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt.
     ``attn_weight`` > 0 adds that times the MLA attention supervision of ``induction.py`` (logged as kind
@@ -82,7 +82,8 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
     ``keyed.value_positions``), ``type_weight`` > 0 that times its loss pointing an argument's type at
     where the request writes the key's value (kind ``type_attn``), ``follow_weight`` > 0 that times head 0's
     loss after a value's last token (kind ``follow_attn``), ``key_weight`` > 0 that times head 1's loss before a
-    key, pointing at the request's line for it (kind ``key_attn``). The batch is assembled on the host
+    key, pointing at the request's line for it (kind ``key_attn``), ``name_weight`` > 0 that times its loss at a
+    call's ``tool="``, pointing at the name's earlier mentions (kind ``name_attn``). The batch is assembled on the host
     and moved to the model's device in one copy each."""
     device = next(model.parameters()).device
     lens = [len(e.ids) for e in batch]
@@ -95,7 +96,7 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
     pos_t = torch.cat(pos)
     target = flat[pos_t + 1].to(device)
     weights = {"attn": attn_weight, "miss": miss_weight, "lookup_attn": lookup_weight, "type_attn": type_weight,
-               "follow_attn": follow_weight, "key_attn": key_weight}
+               "follow_attn": follow_weight, "key_attn": key_weight, "name_attn": name_weight}
     taps = induction.MLAInputs(model) if max(weights.values()) > 0 else None
     with taps or contextlib.nullcontext():
         hidden = train_forward(model, list(flat.to(device).split(lens)))
@@ -191,7 +192,8 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
             group["lr"] = lr_at(cfg, step)
         with parametrize.cached():
             loss, _ = step_loss(model, vocab, batch, kinds, cfg.attn_sup, cfg.attn_miss, cfg.attn_lookup,
-                                cfg.lookup_in, cfg.attn_types, cfg.attn_follow, cfg.attn_keys)
+                                cfg.lookup_in, cfg.attn_types, cfg.attn_follow, cfg.attn_keys,
+                                cfg.attn_names)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         parallel.average_grads(list(model.parameters()), world)

@@ -16,7 +16,7 @@ from k3serve.train.forward import train_forward
 from k3serve.train import tasks
 from k3serve.train.induction import (MLAInputs, attention_loss, follow_targets, head_qk, induction_targets,
                                      lookup_targets)
-from k3serve.train.keyed import key_targets, type_targets, value_positions
+from k3serve.train.keyed import key_targets, name_targets, type_targets, value_positions
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.init import init_for_training
@@ -221,9 +221,10 @@ def test_step_loss_supervises_the_lookups_in_values_and_the_types():
                            ("values", lookup_targets(e.ids, e.answers, only=only))):
         kinds: dict = {}
         step_loss(m, vocab, [e], kinds, lookup_weight=0.5, lookup_in=where, type_weight=0.5, follow_weight=0.5,
-                  key_weight=0.5)
+                  key_weight=0.5, name_weight=0.5)
         assert kinds["lookup_attn"][1] == len(lookups)  # by_kind counts the supervised positions
         assert kinds["type_attn"][1] == len(type_targets(e.ids, e.answers)) > 0
         assert kinds["follow_attn"][1] == len(follow_targets(e.ids, e.answers, only=only)) > 0  # always in values
         assert kinds["key_attn"][1] == len(key_targets(e.ids, e.answers)) > 0
+        assert kinds["name_attn"][1] == len(name_targets(e.ids, e.answers)) == 1
     assert len(lookup_targets(e.ids, e.answers, only=only)) < len(lookup_targets(e.ids, e.answers))

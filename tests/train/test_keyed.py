@@ -4,7 +4,7 @@ import json
 import random
 
 from k3serve.train import keyed, tasks
-from k3serve.train.keyed import answer_keys, key_targets, type_targets, value_positions
+from k3serve.train.keyed import answer_keys, key_targets, name_targets, type_targets, value_positions
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 
@@ -90,3 +90,18 @@ def test_a_key_points_at_the_requests_line_for_it():
     assert key_targets(ids, [(4, 13)]) == [(7, [1])]
     assert key_targets(ids, [(4, 13)], only={9}) == [] and key_targets(ids, [(4, 13)], only={8}) == [(7, [1])]
     assert key_targets([5, 25, 5, 25, *ids[4:]], [(4, 13)]) == []
+
+
+def test_a_calls_name_points_at_the_reasoning_and_the_declaration():
+    tok = load_tokenizer()
+    for thinking in (True, False):
+        for seed in range(4):
+            s = tasks.make("choose", random.Random(seed), thinking=thinking, style=tasks.SHIPPED)
+            ids, n = encode_sample(s, tok)
+            (t, sources), = name_targets(ids, [(n, len(ids))])
+            assert tok.decode(ids[t - 2:t + 1]) == 'call tool="'
+            name = s.expected["tool"]
+            # one declaration (as written), one reasoning mention (with its space): the call's name both times
+            assert sorted(tok.decode(ids[j:j + len(tok.encode(name))]) for j in sources) == [" " + name, name]
+            assert [j < n for j in sorted(sources)] == [True, False]
+            assert name_targets(ids, [(n, len(ids))], only=set()) == []
