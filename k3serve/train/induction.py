@@ -141,15 +141,24 @@ def induction_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
 
 
 class MLAInputs:
-    """Records the input ``[N, d]`` of every MLA layer during a forward (a context manager)."""
+    """Records the input ``[N, d]`` of every MLA layer during a forward (a context manager), and keeps each
+    (layer, head)'s queries and keys once computed: several supervisions read the same head."""
 
     def __init__(self, model: nn.Module):
         self.layers = [m for m in model.modules() if isinstance(m, MLAttention)]
         self.inputs: list[torch.Tensor] = []
+        self._qk: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._hooks: list = []
+
+    def qk(self, layer: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``head_qk`` of MLA layer ``layer`` (0-based among the MLA layers) on its recorded input."""
+        if (layer, head) not in self._qk:
+            self._qk[layer, head] = head_qk(self.layers[layer], self.inputs[layer], head)
+        return self._qk[layer, head]
 
     def __enter__(self) -> MLAInputs:
         self.inputs.clear()
+        self._qk.clear()
         self._hooks = [m.register_forward_pre_hook(lambda mod, args: self.inputs.append(args[0]))
                        for m in self.layers]
         return self
@@ -176,8 +185,8 @@ def attention_loss(taps: MLAInputs, lens: Sequence[int], targets: Sequence[list[
     total, count = None, sum(len(t) for t in targets)
     if count == 0 or not taps.inputs:
         return torch.zeros(()), 0
-    for m, x in zip(taps.layers, taps.inputs):
-        q, k = head_qk(m, x, head)
+    for i, m in enumerate(taps.layers[:len(taps.inputs)]):
+        q, k = taps.qk(i, head)
         off = 0
         for n, tgt in zip(lens, targets):
             if tgt:

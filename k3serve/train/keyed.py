@@ -52,12 +52,17 @@ def value_positions(ids: Sequence[int], kind: str) -> set[int] | None:
 
 
 @functools.cache
+def _tokenizer():
+    from k3serve.train.tok import load_tokenizer
+
+    return load_tokenizer()
+
+
+@functools.cache
 def json_tokens() -> tuple[frozenset[int], frozenset[int]]:
     """Ids whose text starts with ``":`` (a JSON key's end, with the value's opening), and ids whose text ends
     with ``"`` (what stands before a key: ``{"``, ``","``, ``],"``)."""
-    from k3serve.train.tok import load_tokenizer
-
-    tok = load_tokenizer()
+    tok = _tokenizer()
     texts = [(i, tok.decode([i])) for i in range(SPECIAL_BASE)]
     return (frozenset(i for i, t in texts if t.startswith('":')), frozenset(i for i, t in texts if t.endswith('"')))
 
@@ -84,9 +89,7 @@ def answer_keys(ids: Sequence[int], a: int, b: int) -> Iterator[tuple[int, int, 
 @functools.cache
 def spaced(tok_id: int) -> int | None:
     """The id of the same text with a space before it (``create`` -> `` create``), if one token."""
-    from k3serve.train.tok import load_tokenizer
-
-    tok = load_tokenizer()
+    tok = _tokenizer()
     ids = tok.encode(" " + tok.decode([tok_id]))
     return int(ids[0]) if len(ids) == 1 else None
 
