@@ -64,6 +64,22 @@ MAX_SOURCES = 8  # a token with more earlier sources than this (quotes, commas) 
 FOLLOW_SOURCES = 3  # a value's last token stands once in the request; a digit or a common word more often
 
 
+def induced_positions(ids: Sequence[int], answers: Sequence[tuple[int, int]]) -> set[int]:
+    """The answer positions t whose next token some induction step gives: the pair ``(ids[t], ids[t+1])``
+    stands earlier, ending at some j <= t (``induction_targets`` with no cap, in one pass)."""
+    seen: set[tuple[int, int]] = set()
+    out: set[int] = set()
+    filled = 1
+    for a, b in sorted(answers):
+        for t in range(a - 1, b - 1):
+            while filled <= t:
+                seen.add((ids[filled - 1], ids[filled]))
+                filled += 1
+            if (ids[t], ids[t + 1]) in seen:
+                out.add(t)
+    return out
+
+
 def lookup_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
                    max_sources: int = LOOKUP_SOURCES, only: Container[int] | None = None
                    ) -> list[tuple[int, list[int]]]:
@@ -75,7 +91,7 @@ def lookup_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]],
     at: dict[int, list[int]] = {}
     for j, tok in enumerate(ids):
         at.setdefault(tok, []).append(j)
-    induced = {t for t, _ in induction_targets(ids, answers, max_sources=len(ids))}
+    induced = induced_positions(ids, answers)
     for a, b in sorted(answers):
         for t in range(a - 1, b - 1):
             if only is not None and t + 1 not in only:
@@ -97,7 +113,7 @@ def follow_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_s
     after: dict[int, list[int]] = {}
     for j in range(1, len(ids)):
         after.setdefault(ids[j - 1], []).append(j)
-    induced = {t for t, _ in induction_targets(ids, answers, max_sources=len(ids))}
+    induced = induced_positions(ids, answers)
     out: list[tuple[int, list[int]]] = []
     for a, b in sorted(answers):
         for t in range(a, b - 1):

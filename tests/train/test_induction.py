@@ -14,8 +14,8 @@ from k3serve.train import data
 from k3serve.train.export import compact_config
 from k3serve.train.forward import train_forward
 from k3serve.train import tasks
-from k3serve.train.induction import (MLAInputs, attention_loss, follow_targets, head_qk, induction_targets,
-                                     lookup_targets)
+from k3serve.train.induction import (MLAInputs, attention_loss, follow_targets, head_qk, induced_positions,
+                                     induction_targets, lookup_targets)
 from k3serve.train.keyed import key_targets, name_targets, type_targets, value_positions
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
@@ -60,6 +60,17 @@ def test_only_keeps_the_targets_at_those_answer_positions():
     assert lookup_targets(ids, [(6, 9)], only={7}) == [(6, [3])]
     assert lookup_targets(ids, [(6, 9)], only=set()) == []
     assert induction_targets([7, 1, 2, 3, 9, 1, 2, 3, 1], [(6, 9)], only={7}) == [(6, [3])]
+
+
+def test_induced_positions_are_the_uncapped_induction_targets():
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(2, 40)
+        ids = [rng.randint(0, 5) for _ in range(n)]
+        cuts = sorted(rng.sample(range(1, n + 1), min(n, 4)))  # one or two answer spans
+        answers = [(cuts[0], cuts[1])] + ([(cuts[2], cuts[3])] if len(cuts) == 4 and rng.random() < 0.5 else [])
+        want = {t for t, _ in induction_targets(ids, answers, max_sources=len(ids))}
+        assert induced_positions(ids, answers) == want
 
 
 def test_follow_targets_point_a_value_end_at_what_follows_it_in_the_request():
