@@ -111,8 +111,8 @@ def name_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sou
                 continue
             name, first = list(ids[t + 1:q]), spaced(ids[t + 1])
             m = len(name)
-            sources = [j for j in range(t - m + 1) if list(ids[j + 1:j + m]) == name[1:] and
-                       (ids[j] == name[0] or (j >= a and ids[j] == first))]
+            sources = [j for j in range(t - m + 1) if (ids[j] == name[0] or (j >= a and ids[j] == first))
+                       and list(ids[j + 1:j + m]) == name[1:]]  # the cheap test first: this runs every step
             if 0 < len(sources) <= max_sources:
                 out.append((t, sources))
     return out
