@@ -3,10 +3,10 @@ answers part ways.
 
 A decline and a call share their first tokens (in thinking mode ``The user wants to <verb> the <object>.``),
 then part: `` No`` against `` The`` (reasoning ``plain``), `` is`` against `` does`` after the tool's name
-(reasoning ``check`` or ``assign``), or, without thinking, the content's first token against the call's (with ``nothink``
-``decide``, the content opens with those sentences and they part where the reasoning would). For held-out
-decline, single-tool and choose tasks this probe builds the other branch's answer, finds the first token
-where the two encodings differ, and reports P(right) / (P(right) + P(other)) there. A model that has not
+(reasoning ``check`` or ``assign``), or, without thinking, the content's first token against the call's (with
+``nothink`` ``decide``, the content opens with those sentences and they part where the reasoning would). For
+held-out decline, single-tool and choose tasks this probe builds the other branch's answer, finds the first
+token where the two encodings differ, and reports P(right) / (P(right) + P(other)) there. A model that has not
 learnt the decision sits near its training prior for every kind alike.
 
     python -m k3serve.train.decideprobe k3serve/models/weights/k3-default

@@ -1,5 +1,6 @@
 """Attention supervision of the MLA layers: head 0 where an induction head would attend (and after a value's
-last token); head 1 at lookups and at where the request shows an argument's type (``KINDS``).
+last token); head 1 at lookups and at where the request shows an argument's type, a key's line and a tool's
+name (``KINDS``).
 
 Every copy the tasks ask for (argument values from the request, a record's words, a tool result's value)
 is the same step: at position t, the next token is the one after an earlier occurrence of the current
@@ -29,8 +30,8 @@ finding a tool's name among the declared ones is how the model tells whether it 
 
 The lookups (head 1, ``--attn-lookup``) are the answer tokens no induction step gives but the prompt holds.
 Over every answer token they also cover the reasoning's words and the called tool's name, and run wm1 lost
-the choice among tools (right tool 12/40 against wm2's 33/40 without them). ``keyed.value_positions`` keeps them
-to what is copied into a structure: a call's argument blocks (``<|open|>argument key="k" ...<|close|>``),
+the choice among tools (right tool 12/40 against wm2's 33/40 without them). ``keyed.value_positions`` keeps
+them to what is copied into a structure: a call's argument blocks (``<|open|>argument key="k" ...<|close|>``),
 a JSON answer's response, and every token of the warm-up and recall samples.
 
 Two pointers of head 1 read the request by a structured answer's keys (``keyed.py``): at an argument's type

@@ -83,8 +83,8 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
     where the request writes the key's value (kind ``type_attn``), ``follow_weight`` > 0 that times head 0's
     loss after a value's last token (kind ``follow_attn``), ``key_weight`` > 0 that times head 1's loss before a
     key, pointing at the request's line for it (kind ``key_attn``), ``name_weight`` > 0 that times its loss at a
-    call's ``tool="``, pointing at the name's earlier mentions (kind ``name_attn``). The batch is assembled on the host
-    and moved to the model's device in one copy each."""
+    call's ``tool="``, pointing at the name's earlier mentions (kind ``name_attn``). The batch is assembled on
+    the host and moved to the model's device in one copy each."""
     device = next(model.parameters()).device
     lens = [len(e.ids) for e in batch]
     flat = torch.tensor([i for e in batch for i in vocab.to_compact(e.ids)], device="cpu")
@@ -102,12 +102,15 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
         hidden = train_forward(model, list(flat.to(device).split(lens)))
     per_token = vocab.loss(model.compute_logits(hidden[pos_t.to(device)]), target, reduction="none")
     loss = per_token.mean()
+    in_values = None  # each sample's keyed.value_positions, found once for every supervision kept to them
     for name, weight in weights.items():
         if weight > 0:
             targets_of, avoid, head, values = induction.KINDS[name]
-            values = values or (name == "lookup_attn" and lookup_in == "values")
-            targets = [targets_of(e.ids, e.answers, only=keyed.value_positions(e.ids, e.kind) if values else None)
-                       for e in batch]
+            if values or (name == "lookup_attn" and lookup_in == "values"):
+                in_values = in_values or [keyed.value_positions(e.ids, e.kind) for e in batch]
+                targets = [targets_of(e.ids, e.answers, only=only) for e, only in zip(batch, in_values)]
+            else:
+                targets = [targets_of(e.ids, e.answers) for e in batch]
             attn, n_attn = induction.attention_loss(taps, lens, targets, avoid, head)
             loss = loss + weight * attn
             if by_kind is not None and n_attn:
