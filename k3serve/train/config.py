@@ -65,6 +65,7 @@ class TrainConfig:
     attn_follow: float = 0.0
     attn_keys: float = 0.0
     attn_names: float = 0.0
+    attn_spell: float = 0.0
     split_residual: bool = False
     split_shifts: int = 0
 
@@ -97,6 +98,13 @@ class TrainConfig:
     @property
     def task_mix(self) -> dict[str, float]:
         return data.parse_mix(self.mix)
+
+    @property
+    def attn_weights(self) -> dict[str, float]:
+        """Weight of each MLA attention supervision (``induction.KINDS``), in the order their losses add up."""
+        return {"attn": self.attn_sup, "miss": self.attn_miss, "lookup_attn": self.attn_lookup,
+                "type_attn": self.attn_types, "follow_attn": self.attn_follow, "key_attn": self.attn_keys,
+                "name_attn": self.attn_names, "spell_attn": self.attn_spell}
 
     @property
     def style(self) -> tasks.Style:
@@ -172,6 +180,9 @@ HELP = {
                  "the request's line for that key starts (train/keyed.py key_targets; 0: off)",
     "attn_names": "weight of the loss that points head 1's query at a call's tool=\" to where the reasoning and the "
                   "declarations wrote the tool's name (train/keyed.py name_targets; 0: off)",
+    "attn_spell": "weight of the loss that points head 1's query at each token of a call's tool name after the "
+                  "first to the same token where the reasoning and the declarations wrote the name (book_hotel "
+                  "beside book_flight: the choice falls at _hotel; train/keyed.py name_targets spell; 0: off)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
                       "writing the second half, for MLA keys to match on (train/init.py)",
     "split_shifts": "make heads 0..N-1 of the first KDA layer previous-token heads for the N tokens before, "

@@ -37,7 +37,8 @@ a JSON answer's response, and every token of the warm-up and recall samples.
 Two pointers of head 1 read the request by a structured answer's keys (``keyed.py``): at an argument's type
 (``--attn-types``) to where the request writes that key's value, whose first token shows the type, and before
 a key (``--attn-keys``) to where the request's line for that key starts; a third, at a call's ``tool="``
-(``--attn-names``), to where the reasoning and the declarations wrote the tool's name.
+(``--attn-names``), to where the reasoning and the declarations wrote the tool's name, and on at each later
+token of the name to the same mentions' next token (``--attn-spell``).
 
 A copied value ends where the answer's format and the request's part: ``"velvet morning"`` ends in ``","``
 in a JSON answer and in ``"\n`` on the request's line, so no induction step gives the end, and run wv3 ran on
@@ -222,7 +223,7 @@ def attention_loss(taps: MLAInputs, lens: Sequence[int], targets: Sequence[list[
 
 
 # kind logged by the trainer -> (targets of one sequence, ``avoid``, head, kept to ``keyed.value_positions``):
-# the seven supervisions (the lookups are kept to the values by ``--lookup-in values``)
+# the eight supervisions (the lookups are kept to the values by ``--lookup-in values``)
 KINDS = {
     "attn": (induction_targets, False, 0, False),
     "miss": (functools.partial(induction_targets, misses=True), True, 0, False),
@@ -231,4 +232,5 @@ KINDS = {
     "key_attn": (key_targets, False, 1, False),
     "name_attn": (name_targets, False, 1, False),
     "follow_attn": (follow_targets, False, 0, True),
+    "spell_attn": (functools.partial(name_targets, spell=True), False, 1, False),
 }

@@ -11,6 +11,8 @@ token that ends in ``"``), its tokens, and the position whose next token shows i
 - ``name_targets`` (head 1): at a call's ``tool="``, the tool's name where the answer's reasoning wrote it
   (`` close`` ``_payment``, the first token with its space) and where the declarations do. Teacher-forced with
   the reasoning naming the right tool, run wv3 still wrote another tool's verb there in 6 of 30 choices.
+  Spelled (``--attn-spell``), at each later token of the name too: run wx3 wrote ``book_flight`` where its
+  reasoning said ``book_hotel``.
 - ``key_targets`` (head 1): before the key, the request position where ``K:`` starts. The plain lookups point
   at every K of the prompt and drop a key that more than ``LOOKUP_SOURCES`` positions hold; in a choice among
   tools the other tools' schemas share keys, and run wv3's second argument was often another tool's property.
@@ -95,11 +97,13 @@ def spaced(tok_id: int) -> int | None:
 
 
 def name_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = LOOKUP_SOURCES,
-                 only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
+                 only: Container[int] | None = None, spell: bool = False) -> list[tuple[int, list[int]]]:
     """``(t, sources)`` for each call ``<|open|>call tool="NAME"`` of the answers, t at its ``="``: the first
     token of each earlier mention of NAME, in the answer before it with a space (the reasoning's
     ``The tool close_payment``) or anywhere before it as written (the declarations' ``"name":"close_payment"``).
-    With ``only``, just the calls whose name's first token stands at those positions."""
+    With ``spell``, instead one target at each of the name's tokens but the last, pointing at the mentions'
+    next token: where ``book_hotel`` and ``book_flight`` are both offered, the choice falls at ``_hotel``.
+    With ``only``, just the name tokens (the first, or those spelled) that stand at those positions."""
     out: list[tuple[int, list[int]]] = []
     for a, b in sorted(answers):
         for u in range(a, b - 5):
@@ -107,14 +111,17 @@ def name_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sou
                 continue
             t = u + 3
             q = next((i for i in range(t + 1, b) if ids[i] == QUOTE), None)
-            if q is None or q == t + 1 or (only is not None and t + 1 not in only):
+            if q is None or q == t + 1:
                 continue
             name, first = list(ids[t + 1:q]), spaced(ids[t + 1])
             m = len(name)
             sources = [j for j in range(t - m + 1) if (ids[j] == name[0] or (j >= a and ids[j] == first))
                        and list(ids[j + 1:j + m]) == name[1:]]  # the cheap test first: this runs every step
-            if 0 < len(sources) <= max_sources:
-                out.append((t, sources))
+            if not 0 < len(sources) <= max_sources:
+                continue
+            for i in range(1, m) if spell else (0,):
+                if only is None or t + i + 1 in only:
+                    out.append((t + i, [j + i for j in sources]))
     return out
 
 

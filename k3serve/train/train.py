@@ -21,6 +21,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -70,21 +71,16 @@ class LoadTracker:
 
 
 def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
-              by_kind: dict[str, list[float]] | None = None, attn_weight: float = 0.0,
-              miss_weight: float = 0.0, lookup_weight: float = 0.0, lookup_in: str = "all",
-              type_weight: float = 0.0, follow_weight: float = 0.0, key_weight: float = 0.0,
-              name_weight: float = 0.0) -> tuple[torch.Tensor, int]:
+              by_kind: dict[str, list[float]] | None = None, weights: Mapping[str, float] | None = None,
+              lookup_in: str = "all") -> tuple[torch.Tensor, int]:
     """Mean loss over the answer tokens of the batch, and how many there were; ``by_kind`` (if given)
     accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt.
-    ``attn_weight`` > 0 adds that times the MLA attention supervision of ``induction.py`` (logged as kind
-    ``attn``), ``miss_weight`` > 0 that times its loss on the misses (kind ``miss``), ``lookup_weight``
-    > 0 that times head 1's loss on the lookups (kind ``lookup_attn``; ``lookup_in="values"`` keeps them to
-    ``keyed.value_positions``), ``type_weight`` > 0 that times its loss pointing an argument's type at
-    where the request writes the key's value (kind ``type_attn``), ``follow_weight`` > 0 that times head 0's
-    loss after a value's last token (kind ``follow_attn``), ``key_weight`` > 0 that times head 1's loss before a
-    key, pointing at the request's line for it (kind ``key_attn``), ``name_weight`` > 0 that times its loss at a
-    call's ``tool="``, pointing at the name's earlier mentions (kind ``name_attn``). The batch is assembled on
-    the host and moved to the model's device in one copy each."""
+    ``weights`` maps the MLA attention supervisions of ``induction.KINDS`` (``attn``, ``miss``,
+    ``lookup_attn``, ``type_attn``, ``follow_attn``, ``key_attn``, ``name_attn``,
+    ``spell_attn``) to the weight of each one's loss added to the language-model loss (absent or 0: off);
+    ``by_kind`` logs each one under its name. ``lookup_in="values"`` keeps the lookups to
+    ``keyed.value_positions``. The batch is assembled on the host and moved to the model's device in one copy
+    each."""
     device = next(model.parameters()).device
     lens = [len(e.ids) for e in batch]
     flat = torch.tensor([i for e in batch for i in vocab.to_compact(e.ids)], device="cpu")
@@ -95,28 +91,29 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
         off += n
     pos_t = torch.cat(pos)
     target = flat[pos_t + 1].to(device)
-    weights = {"attn": attn_weight, "miss": miss_weight, "lookup_attn": lookup_weight, "type_attn": type_weight,
-               "follow_attn": follow_weight, "key_attn": key_weight, "name_attn": name_weight}
-    taps = induction.MLAInputs(model) if max(weights.values()) > 0 else None
+    weights = {name: w for name, w in (weights or {}).items() if w > 0}
+    unknown = set(weights) - set(induction.KINDS)
+    if unknown:
+        raise ValueError(f"unknown attention supervision {sorted(unknown)}; known: {sorted(induction.KINDS)}")
+    taps = induction.MLAInputs(model) if weights else None
     with taps or contextlib.nullcontext():
         hidden = train_forward(model, list(flat.to(device).split(lens)))
     per_token = vocab.loss(model.compute_logits(hidden[pos_t.to(device)]), target, reduction="none")
     loss = per_token.mean()
     in_values = None  # each sample's keyed.value_positions, found once for every supervision kept to them
     for name, weight in weights.items():
-        if weight > 0:
-            targets_of, avoid, head, values = induction.KINDS[name]
-            if values or (name == "lookup_attn" and lookup_in == "values"):
-                in_values = in_values or [keyed.value_positions(e.ids, e.kind) for e in batch]
-                targets = [targets_of(e.ids, e.answers, only=only) for e, only in zip(batch, in_values)]
-            else:
-                targets = [targets_of(e.ids, e.answers) for e in batch]
-            attn, n_attn = induction.attention_loss(taps, lens, targets, avoid, head)
-            loss = loss + weight * attn
-            if by_kind is not None and n_attn:
-                acc = by_kind.setdefault(name, [0.0, 0])
-                acc[0] += attn.item() * n_attn
-                acc[1] += n_attn
+        targets_of, avoid, head, values = induction.KINDS[name]
+        if values or (name == "lookup_attn" and lookup_in == "values"):
+            in_values = in_values or [keyed.value_positions(e.ids, e.kind) for e in batch]
+            targets = [targets_of(e.ids, e.answers, only=only) for e, only in zip(batch, in_values)]
+        else:
+            targets = [targets_of(e.ids, e.answers) for e in batch]
+        attn, n_attn = induction.attention_loss(taps, lens, targets, avoid, head)
+        loss = loss + weight * attn
+        if by_kind is not None and n_attn:
+            acc = by_kind.setdefault(name, [0.0, 0])
+            acc[0] += attn.item() * n_attn
+            acc[1] += n_attn
     if by_kind is not None:
         host = per_token.detach().cpu().tolist()
         off = 0
@@ -194,9 +191,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
         with parametrize.cached():
-            loss, _ = step_loss(model, vocab, batch, kinds, cfg.attn_sup, cfg.attn_miss, cfg.attn_lookup,
-                                cfg.lookup_in, cfg.attn_types, cfg.attn_follow, cfg.attn_keys,
-                                cfg.attn_names)
+            loss, _ = step_loss(model, vocab, batch, kinds, cfg.attn_weights, cfg.lookup_in)
             opt.zero_grad(set_to_none=True)
             loss.backward()
         parallel.average_grads(list(model.parameters()), world)

@@ -10,7 +10,7 @@ from k3serve.core.config import ModelConfig
 from k3serve.layers.mla import MLAttention
 from k3serve.models.kimi import build_model
 from k3serve.ops.mla.naive import naive_mla_attention
-from k3serve.train import data
+from k3serve.train import data, induction
 from k3serve.train.export import compact_config
 from k3serve.train.forward import train_forward
 from k3serve.train import tasks
@@ -155,7 +155,7 @@ def test_step_loss_adds_the_supervision_and_its_gradient_reaches_the_queries(mod
     plain, _ = step_loss(m, vocab, batch)
     kinds: dict = {}
     m.zero_grad()
-    sup, _ = step_loss(m, vocab, batch, kinds, attn_weight=0.5)
+    sup, _ = step_loss(m, vocab, batch, kinds, {"attn": 0.5})
     assert sup.item() == pytest.approx(plain.item() + 0.5 * kinds["attn"][0] / kinds["attn"][1], rel=1e-5)
     sup.backward()
     mla = next(x for x in m.modules() if isinstance(x, MLAttention))
@@ -231,11 +231,13 @@ def test_step_loss_supervises_the_lookups_in_values_and_the_types():
     for where, lookups in (("all", lookup_targets(e.ids, e.answers)),
                            ("values", lookup_targets(e.ids, e.answers, only=only))):
         kinds: dict = {}
-        step_loss(m, vocab, [e], kinds, lookup_weight=0.5, lookup_in=where, type_weight=0.5, follow_weight=0.5,
-                  key_weight=0.5, name_weight=0.5)
+        step_loss(m, vocab, [e], kinds, {k: 0.5 for k in induction.KINDS if k not in ("attn", "miss")}, where)
         assert kinds["lookup_attn"][1] == len(lookups)  # by_kind counts the supervised positions
         assert kinds["type_attn"][1] == len(type_targets(e.ids, e.answers)) > 0
         assert kinds["follow_attn"][1] == len(follow_targets(e.ids, e.answers, only=only)) > 0  # always in values
         assert kinds["key_attn"][1] == len(key_targets(e.ids, e.answers)) > 0
         assert kinds["name_attn"][1] == len(name_targets(e.ids, e.answers)) == 1
+        assert kinds["spell_attn"][1] == len(name_targets(e.ids, e.answers, spell=True)) > 0
+    with pytest.raises(ValueError, match="unknown attention supervision"):
+        step_loss(m, vocab, [e], None, {"names": 0.5})
     assert len(lookup_targets(e.ids, e.answers, only=only)) < len(lookup_targets(e.ids, e.answers))

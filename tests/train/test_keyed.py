@@ -105,3 +105,9 @@ def test_a_calls_name_points_at_the_reasoning_and_the_declaration():
             assert sorted(tok.decode(ids[j:j + len(tok.encode(name))]) for j in sources) == [" " + name, name]
             assert [j < n for j in sorted(sources)] == [True, False]
             assert name_targets(ids, [(n, len(ids))], only=set()) == []
+            # spelled: at each later name token, the same mentions' next tokens
+            spelled = name_targets(ids, [(n, len(ids))], spell=True)
+            assert [u for u, _ in spelled] == list(range(t + 1, t + len(tok.encode(name))))
+            for i, (u, src) in enumerate(spelled, 1):
+                assert src == [j + i for j in sources] and {ids[j] for j in src} == {ids[u + 1]}
+            assert name_targets(ids, [(n, len(ids))], spell=True, only={t + 2}) == spelled[:1]
