@@ -12,7 +12,8 @@ token that ends in ``"``), its tokens, and the position whose next token shows i
   (`` close`` ``_payment``, the first token with its space) and where the declarations do. Teacher-forced with
   the reasoning naming the right tool, run wv3 still wrote another tool's verb there in 6 of 30 choices.
   Spelled (``--attn-spell``), at each later token of the name too: run wx3 wrote ``book_flight`` where its
-  reasoning said ``book_hotel``.
+  reasoning said ``book_hotel``. Run wx4 with it lost the choice among tools (16/40 against 34/40), so the
+  shipped recipe leaves it off.
 - ``key_targets`` (head 1): before the key, the request position where ``K:`` starts. The plain lookups point
   at every K of the prompt and drop a key that more than ``LOOKUP_SOURCES`` positions hold; in a choice among
   tools the other tools' schemas share keys, and run wv3's second argument was often another tool's property.
