@@ -180,9 +180,10 @@ HELP = {
                  "the request's line for that key starts (train/keyed.py key_targets; 0: off)",
     "attn_names": "weight of the loss that points head 1's query at a call's tool=\" to where the reasoning and the "
                   "declarations wrote the tool's name (train/keyed.py name_targets; 0: off)",
-    "attn_spell": "weight of the loss that points head 1's query at each token of a call's tool name after the "
-                  "first to the same token where the reasoning and the declarations wrote the name (book_hotel "
-                  "beside book_flight: the choice falls at _hotel; train/keyed.py name_targets spell; 0: off)",
+    "attn_spell": "weight of the loss that points head 1's query at each token of a call's tool name but the "
+                  "last to the next token of the same name where the reasoning and the declarations wrote it "
+                  "(book_hotel beside book_flight: the choice falls at _hotel; train/keyed.py name_targets spell; "
+                  "0: off)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
                       "writing the second half, for MLA keys to match on (train/init.py)",
     "split_shifts": "make heads 0..N-1 of the first KDA layer previous-token heads for the N tokens before, "

@@ -116,13 +116,13 @@ def name_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sou
                 continue
             name, first = list(ids[t + 1:q]), spaced(ids[t + 1])
             m = len(name)
+            steps = [i for i in (range(1, m) if spell else (0,)) if only is None or t + i + 1 in only]
+            if not steps:  # before the scan of the whole prefix
+                continue
             sources = [j for j in range(t - m + 1) if (ids[j] == name[0] or (j >= a and ids[j] == first))
                        and list(ids[j + 1:j + m]) == name[1:]]  # the cheap test first: this runs every step
-            if not 0 < len(sources) <= max_sources:
-                continue
-            for i in range(1, m) if spell else (0,):
-                if only is None or t + i + 1 in only:
-                    out.append((t + i, [j + i for j in sources]))
+            if 0 < len(sources) <= max_sources:
+                out += [(t + i, [j + i for j in sources]) for i in steps]
     return out
 
 

@@ -75,9 +75,8 @@ def step_loss(model: nn.Module, vocab: CompactVocab, batch: list[data.Encoded],
               lookup_in: str = "all") -> tuple[torch.Tensor, int]:
     """Mean loss over the answer tokens of the batch, and how many there were; ``by_kind`` (if given)
     accumulates ``[loss sum, tokens]`` per task kind, which shows which task the model has not learnt.
-    ``weights`` maps the MLA attention supervisions of ``induction.KINDS`` (``attn``, ``miss``,
-    ``lookup_attn``, ``type_attn``, ``follow_attn``, ``key_attn``, ``name_attn``,
-    ``spell_attn``) to the weight of each one's loss added to the language-model loss (absent or 0: off);
+    ``weights`` maps the MLA attention supervisions (the names of ``induction.KINDS``) to the weight of each
+    one's loss added to the language-model loss (absent or 0: off);
     ``by_kind`` logs each one under its name. ``lookup_in="values"`` keeps the lookups to
     ``keyed.value_positions``. The batch is assembled on the host and moved to the model's device in one copy
     each."""
