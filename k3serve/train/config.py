@@ -49,6 +49,7 @@ class TrainConfig:
     induce_long: int = 0
     history_frac: float = 0.0
     lookup_objects: float = 0.0
+    tool_leaves: int = tasks.TOOL_LEAVES
     mix: str = ""
     request_form: str = "inline"
     reasoning: str = "plain"
@@ -114,7 +115,7 @@ class TrainConfig:
     def copy_warmup(self) -> data.CopyWarmup:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
                               self.recall_frac, self.induce_frac, self.induce_until, self.assoc_frac,
-                              self.induce_long, self.lookup_objects)
+                              self.induce_long, self.lookup_objects, self.tool_leaves)
 
 
 HELP = {
@@ -149,6 +150,8 @@ HELP = {
     "history_frac": "fraction of the samples (not recall lists) with 1-3 earlier short exchanges in front",
     "lookup_objects": "fraction of the lookups that ask keys in quotes and are answered as an object (the "
                       "call's key tokens; run wk5: 0.5)",
+    "tool_leaves": f"tool and choose requests have 1 to this many argument leaves (evaluations: "
+                   f"{tasks.TOOL_LEAVES}; more teaches a call not to close after the usual count)",
     "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "
            "lengthen, to keep its token share): e.g. recall=0,choose=0.3; defaults: "
            + ",".join(f"{k}={v}" for k, v in data.MIX.items()),

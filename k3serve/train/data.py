@@ -103,7 +103,8 @@ class CopyWarmup:
     plain copies. Before ``induce_until`` every sample is a synthetic copy. An ``assoc`` fraction of the
     synthetic samples are associative recall (``assoc_sample``) rather than copies; with ``induce_long``
     the copies lengthen with the recall lists up to that many tokens (``induce_items``). A ``lookup_objects``
-    fraction of the lookups ask keys in quotes and are answered as an object (``tasks.make_lookup``)."""
+    fraction of the lookups ask keys in quotes and are answered as an object (``tasks.make_lookup``). Tool and
+    choose requests have 1 to ``tool_leaves`` argument leaves (``tasks.TOOL_LEAVES`` in evaluations)."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
@@ -114,6 +115,7 @@ class CopyWarmup:
     assoc: float = 0.0
     induce_long: int = 0
     lookup_objects: float = 0.0
+    tool_leaves: int = tasks.TOOL_LEAVES
 
     def __post_init__(self) -> None:
         for name in ("share", "until", "after", "lookup", "recall", "induce", "induce_until", "assoc",
@@ -122,6 +124,8 @@ class CopyWarmup:
                 raise ValueError(f"copy warm-up {name} must be in [0, 1]")
         if self.induce_long < 0:
             raise ValueError("copy warm-up induce_long must be >= 0")
+        if self.tool_leaves < 1:
+            raise ValueError("tool_leaves must be >= 1")
         if self.lookup + self.recall + self.induce > 1.0:
             raise ValueError("copy warm-up lookup + recall + induce fractions must be at most 1")
 
@@ -242,6 +246,8 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
     kwargs = {"records": rng.randint(*recall_range(progress))} if kind == "recall" else {}
     if kind == "lookup" and warmup.lookup_objects:
         kwargs["objects"] = warmup.lookup_objects
+    if kind in ("tool", "choose") and warmup.tool_leaves != tasks.TOOL_LEAVES:
+        kwargs["leaves"] = warmup.tool_leaves
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
     s = sessions.make(rng, style=style) if kind == "session" else tasks.make(kind, rng, style=style, **kwargs)

@@ -23,6 +23,9 @@ from k3serve.train.styles import (FORMS, NOTHINKS, PLAIN, REASONINGS, RECALLS, S
 KINDS = ("tool", "choose", "decline", "json", "recall", "followup")
 # training-only: plain copying, and key -> value lookup (find a key, read what follows it); every task needs both
 WARMUP_KINDS = ("copy", "lookup")
+# Most leaves a tool or choose request's arguments have (1..this, some nested): evaluations keep this; a run
+# may train on more (``--tool-leaves``) so that the call does not learn to close after the usual count.
+TOOL_LEAVES = 4
 EFFORTS = ("max", "max", "max", "high", "low")  # the K3 efforts, the server default (max) most often
 
 
@@ -163,10 +166,10 @@ def decided(verb: str, obj: str, name: str, offered: bool, thinking: bool, style
 
 
 def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int | None = None,
-              style: Style = PLAIN) -> Sample:
+              style: Style = PLAIN, leaves: int = TOOL_LEAVES) -> Sample:
     n = n_tools if n_tools is not None else 1
     tools = draw_toolset(rng, held_out, n)
-    schemas = [make_schema(rng, rng.randint(1, 4)) for _ in tools]
+    schemas = [make_schema(rng, rng.randint(1, leaves)) for _ in tools]
     pick = rng.randrange(n)
     name, verb, obj = tools[pick]
     _, values, mentions = schemas[pick]
@@ -177,8 +180,9 @@ def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int |
                   target, {"tool": name, "arguments": values}, decl, thinking, draw_effort(rng, thinking))
 
 
-def make_choose(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN) -> Sample:
-    return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4), style=style)
+def make_choose(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN,
+                leaves: int = TOOL_LEAVES) -> Sample:
+    return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4), style=style, leaves=leaves)
 
 
 def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN) -> Sample:

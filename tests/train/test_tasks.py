@@ -120,6 +120,32 @@ def test_argument_values_are_written_as_the_answer_writes_them():
             assert at == sorted(at), (kind, user)
 
 
+def test_tool_leaves_widen_training_requests_and_leave_evaluations_alone(tok, monkeypatch):
+    """``leaves`` draws up to that many argument leaves; the default is what evaluations draw, unchanged."""
+    from k3serve.train import data
+
+    for kind in ("tool", "choose"):
+        assert [tasks.make(kind, random.Random(i)) for i in range(20)] == \
+               [tasks.make(kind, random.Random(i), leaves=tasks.TOOL_LEAVES) for i in range(20)]
+    def leaves(v):
+        return sum(leaves(x) for x in v.values()) if isinstance(v, dict) else 1
+    drawn = {leaves(tasks.make("tool", random.Random(i)).expected["arguments"]) for i in range(200)}
+    assert drawn == set(range(1, tasks.TOOL_LEAVES + 1))
+    wide = {leaves(tasks.make("choose", random.Random(i), leaves=6).expected["arguments"]) for i in range(300)}
+    assert wide == set(range(1, 7))
+    # the trainer's draw passes it to tool and choose requests only
+    seen = []
+    real = tasks.make
+    monkeypatch.setattr(tasks, "make", lambda kind, rng, **kw: seen.append((kind, kw.get("leaves"))) or
+                        real(kind, rng, **kw))
+    for kind in ("tool", "choose", "json"):
+        mix = {k: float(k == kind) for k in data.MIX}
+        assert data.draw(random.Random(1), tok, 1.0, data.CopyWarmup(tool_leaves=6), mix=mix).kind == kind
+    assert seen == [("tool", 6), ("choose", 6), ("json", None)]
+    with pytest.raises(ValueError, match="tool_leaves"):
+        data.CopyWarmup(tool_leaves=0)
+
+
 def _has(seq: list[int], part: list[int]) -> bool:
     return any(seq[i:i + len(part)] == part for i in range(len(seq) - len(part) + 1))
 
