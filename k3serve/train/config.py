@@ -150,8 +150,9 @@ HELP = {
     "history_frac": "fraction of the samples (not recall lists) with 1-3 earlier short exchanges in front",
     "lookup_objects": "fraction of the lookups that ask keys in quotes and are answered as an object (the "
                       "call's key tokens; run wk5: 0.5)",
-    "tool_leaves": f"tool and choose requests have 1 to this many argument leaves (evaluations: "
-                   f"{tasks.TOOL_LEAVES}; more teaches a call not to close after the usual count)",
+    "tool_leaves": f"tool, choose and decline requests have 1 to this many argument leaves (evaluations: "
+                   f"{tasks.TOOL_LEAVES}, declines {tasks.DECLINE_LEAVES}; more teaches a call not to close after "
+                   "the usual count)",
     "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "
            "lengthen, to keep its token share): e.g. recall=0,choose=0.3; defaults: "
            + ",".join(f"{k}={v}" for k, v in data.MIX.items()),

@@ -104,7 +104,8 @@ class CopyWarmup:
     synthetic samples are associative recall (``assoc_sample``) rather than copies; with ``induce_long``
     the copies lengthen with the recall lists up to that many tokens (``induce_items``). A ``lookup_objects``
     fraction of the lookups ask keys in quotes and are answered as an object (``tasks.make_lookup``). Tool and
-    choose requests have 1 to ``tool_leaves`` argument leaves (``tasks.TOOL_LEAVES`` in evaluations)."""
+    choose requests have 1 to ``tool_leaves`` argument leaves (``tasks.TOOL_LEAVES`` in evaluations); when that
+    is not the default, so have declines (evaluations: ``tasks.DECLINE_LEAVES``)."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
@@ -246,8 +247,8 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
     kwargs = {"records": rng.randint(*recall_range(progress))} if kind == "recall" else {}
     if kind == "lookup" and warmup.lookup_objects:
         kwargs["objects"] = warmup.lookup_objects
-    if kind in ("tool", "choose") and warmup.tool_leaves != tasks.TOOL_LEAVES:
-        kwargs["leaves"] = warmup.tool_leaves
+    if kind in ("tool", "choose", "decline") and warmup.tool_leaves != tasks.TOOL_LEAVES:
+        kwargs["leaves"] = warmup.tool_leaves  # declines too: else how many values a request lists tells them apart
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
     s = sessions.make(rng, style=style) if kind == "session" else tasks.make(kind, rng, style=style, **kwargs)

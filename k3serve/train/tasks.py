@@ -26,6 +26,9 @@ WARMUP_KINDS = ("copy", "lookup")
 # Most leaves a tool or choose request's arguments have (1..this, some nested): evaluations keep this; a run
 # may train on more (``--tool-leaves``) so that the call does not learn to close after the usual count.
 TOOL_LEAVES = 4
+# A decline's request and offered tools have 1..this leaves. A run that widens tool requests widens these to the
+# same range: run wx9 (tool requests 1-6, declines 1-3) declined short requests it should have called.
+DECLINE_LEAVES = 3
 EFFORTS = ("max", "max", "max", "high", "low")  # the K3 efforts, the server default (max) most often
 
 
@@ -185,11 +188,12 @@ def make_choose(rng: random.Random, held_out: bool, thinking: bool, style: Style
     return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4), style=style, leaves=leaves)
 
 
-def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN) -> Sample:
+def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN,
+                 leaves: int = DECLINE_LEAVES) -> Sample:
     tools = draw_toolset(rng, held_out, rng.randint(2, 5))
     ask_name, verb, obj = tools.pop()  # asked for, then removed from the offer: a hard negative
-    schemas = [make_schema(rng, rng.randint(1, 3)) for _ in tools]
-    _, _, mentions = make_schema(rng, rng.randint(1, 3))
+    schemas = [make_schema(rng, rng.randint(1, leaves)) for _ in tools]
+    _, _, mentions = make_schema(rng, rng.randint(1, leaves))
     decl = [declare_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
     target = decided(verb, obj, ask_name, False, thinking, style)
     user = write_request(rng, verb, obj, mentions, style.form)

@@ -133,15 +133,23 @@ def test_tool_leaves_widen_training_requests_and_leave_evaluations_alone(tok, mo
     assert drawn == set(range(1, tasks.TOOL_LEAVES + 1))
     wide = {leaves(tasks.make("choose", random.Random(i), leaves=6).expected["arguments"]) for i in range(300)}
     assert wide == set(range(1, 7))
+    # a decline's request lists as many values as a call's could
+    def lines(s):
+        return s.messages[0]["content"].count("\n")
+    style = tasks.Style("lines")
+    assert max(lines(tasks.make("decline", random.Random(i), style=style)) for i in range(200)) == 3
+    assert max(lines(tasks.make("decline", random.Random(i), style=style, leaves=6)) for i in range(200)) == 6
+    assert [tasks.make("decline", random.Random(i)) for i in range(20)] == \
+           [tasks.make("decline", random.Random(i), leaves=tasks.DECLINE_LEAVES) for i in range(20)]
     # the trainer's draw passes it to tool and choose requests only
     seen = []
     real = tasks.make
     monkeypatch.setattr(tasks, "make", lambda kind, rng, **kw: seen.append((kind, kw.get("leaves"))) or
                         real(kind, rng, **kw))
-    for kind in ("tool", "choose", "json"):
+    for kind in ("tool", "choose", "decline", "json"):
         mix = {k: float(k == kind) for k in data.MIX}
         assert data.draw(random.Random(1), tok, 1.0, data.CopyWarmup(tool_leaves=6), mix=mix).kind == kind
-    assert seen == [("tool", 6), ("choose", 6), ("json", None)]
+    assert seen == [("tool", 6), ("choose", 6), ("decline", 6), ("json", None)]
     with pytest.raises(ValueError, match="tool_leaves"):
         data.CopyWarmup(tool_leaves=0)
 
