@@ -248,7 +248,9 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
     if kind == "lookup" and warmup.lookup_objects:
         kwargs["objects"] = warmup.lookup_objects
     if kind in ("tool", "choose", "decline") and warmup.tool_leaves != tasks.TOOL_LEAVES:
-        kwargs["leaves"] = warmup.tool_leaves  # declines too: else how many values a request lists tells them apart
+        # declines too (else how many values a request lists tells them apart); only when widened, so that a
+        # default run keeps declines at tasks.DECLINE_LEAVES and draws what it drew before
+        kwargs["leaves"] = warmup.tool_leaves
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
     s = sessions.make(rng, style=style) if kind == "session" else tasks.make(kind, rng, style=style, **kwargs)

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from k3serve.train import pools, tasks
+from k3serve.train import data, pools, tasks
 from k3serve.train.render import STOP_ID, encode_sample, parse_output, prompt_ids
 from k3serve.train.tok import load_tokenizer
 
@@ -122,8 +122,6 @@ def test_argument_values_are_written_as_the_answer_writes_them():
 
 def test_tool_leaves_widen_training_requests_and_leave_evaluations_alone(tok, monkeypatch):
     """``leaves`` draws up to that many argument leaves; the default is what evaluations draw, unchanged."""
-    from k3serve.train import data
-
     for kind in ("tool", "choose"):
         assert [tasks.make(kind, random.Random(i)) for i in range(20)] == \
                [tasks.make(kind, random.Random(i), leaves=tasks.TOOL_LEAVES) for i in range(20)]
@@ -141,7 +139,7 @@ def test_tool_leaves_widen_training_requests_and_leave_evaluations_alone(tok, mo
     assert max(lines(tasks.make("decline", random.Random(i), style=style, leaves=6)) for i in range(200)) == 6
     assert [tasks.make("decline", random.Random(i)) for i in range(20)] == \
            [tasks.make("decline", random.Random(i), leaves=tasks.DECLINE_LEAVES) for i in range(20)]
-    # the trainer's draw passes it to tool and choose requests only
+    # the trainer's draw passes it to tool, choose and decline requests only
     seen = []
     real = tasks.make
     monkeypatch.setattr(tasks, "make", lambda kind, rng, **kw: seen.append((kind, kw.get("leaves"))) or
@@ -313,8 +311,6 @@ def test_json_tasks_use_strict_closed_schemas():
 
 
 def test_history_puts_earlier_exchanges_in_front_and_keeps_the_answer(tok):
-    from k3serve.train import data
-
     base = data.draw(random.Random(11), tok, 1.0)
     assert data.draw(random.Random(11), tok, 1.0, history=0.0) == base  # off: the same draws as before
     rng = random.Random(5)
@@ -339,8 +335,6 @@ def test_history_puts_earlier_exchanges_in_front_and_keeps_the_answer(tok):
 
 
 def test_induce_samples_copy_by_content_only():
-    from k3serve.train import data
-
     pool = list(range(1000, 1300))
     rng = random.Random(4)
     for _ in range(200):
@@ -362,8 +356,6 @@ def test_induce_samples_copy_by_content_only():
 
 
 def test_assoc_samples_find_each_value_by_its_key():
-    from k3serve.train import data
-
     pool = list(range(2000, 4000))
     rng = random.Random(5)
     glues = set()
@@ -403,8 +395,6 @@ def test_assoc_samples_find_each_value_by_its_key():
 
 
 def test_assoc_samples_lengthen_with_the_curriculum():
-    from k3serve.train import data
-
     assert data.assoc_pairs(0.0) == (data.ASSOC_PAIRS[0], 2 * data.ASSOC_PAIRS[0])
     assert data.assoc_pairs(data.RAMP[1]) == data.assoc_pairs(1.0) == data.ASSOC_PAIRS
     pool = list(range(2000, 6000))
