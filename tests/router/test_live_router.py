@@ -207,7 +207,8 @@ def test_proxy_passthrough(cluster):
 
 
 def _stream(client: httpx.Client, url: str, prompt: list[int], started: threading.Event, out: list) -> None:
-    body = {"model": NAME, "prompt": prompt, "max_tokens": 80, "temperature": 0, "ignore_eos": True, "stream": True}
+    # 240 tokens: a stream on the victim must still be running when it is killed, a second or so later
+    body = {"model": NAME, "prompt": prompt, "max_tokens": 240, "temperature": 0, "ignore_eos": True, "stream": True}
     with client.stream("POST", url + "/v1/completions", json=body) as r:
         chunks = []
         for chunk in r.iter_text():
