@@ -14,6 +14,11 @@ token that ends in ``"``), its tokens, and the position whose next token shows i
   Spelled (``--attn-spell``), at each later token of the name too: run wx3 wrote ``book_flight`` where its
   reasoning said ``book_hotel``. Run wx4 with it lost the choice among tools (16/40 against 34/40), so the
   shipped recipe leaves it off.
+- ``verdict_targets`` (head 1): at the reasoning's ``The tool NAME`` (its last token, where ``does`` or ``is``
+  comes next), NAME's last token where the declarations wrote it; the first position when no declaration does
+  (a decline). wx10's declines failed where a hard negative was offered (``open_table`` for ``set_table``):
+  the reasoning named the asked tool and said ``does that``, so the check of the name against the offer is
+  what this supervises.
 - ``key_targets`` (head 1): before the key, the request position where ``K:`` starts. The plain lookups point
   at every K of the prompt and drop a key that more than ``LOOKUP_SOURCES`` positions hold; in a choice among
   tools the other tools' schemas share keys, and run wv3's second argument was often another tool's property.
@@ -33,6 +38,7 @@ ARGUMENT, RESPONSE = 47185, 12092  # "argument" and "response" after <|open|> (K
 STRUCTURED = frozenset({"tool", "choose", "decline", "json", "followup", "session"})  # tasks with prose answers
 KEY, ASSIGN, QUOTE, TYPE, COLON = 2355, 878, 1, 1798, 25  # ' key', '="', '"', ' type', ':'
 CALL, TOOL = 10257, 4453  # 'call' after <|open|>, ' tool' (``<|open|>call tool="NAME"``)
+THE, DOES, IS = (1008, 646), 2354, 387  # 'The' / ' The', ' does', ' is' (``The tool NAME does that.``)
 LOOKUP_SOURCES = 4  # a key stands in the schema's properties, its required list and the request: 3
 
 
@@ -123,6 +129,40 @@ def name_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sou
                        and list(ids[j + 1:j + m]) == name[1:]]  # the cheap test first: this runs every step
             if 0 < len(sources) <= max_sources:
                 out += [(t + i, [j + i for j in sources]) for i in steps]
+    return out
+
+
+@functools.cache
+def unspaced(tok_id: int) -> int | None:
+    """The id of the same text without its leading space (`` create`` -> ``create``), if one token."""
+    tok = _tokenizer()
+    text = tok.decode([tok_id])
+    ids = tok.encode(text[1:]) if text.startswith(" ") else []
+    return int(ids[0]) if len(ids) == 1 else None
+
+
+def verdict_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = LOOKUP_SOURCES,
+                    only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
+    """``(t, sources)`` for each ``The tool NAME does``/``is`` of the answers (the ``check`` reasoning, in the
+    reasoning or the content), t at NAME's last token: the last token of each earlier NAME as written (the
+    first token without its space: the declarations' ``"name":"set_table"``), or ``[0]`` where there is none
+    and the verdict is `` is`` (not offered: a fixed place to look when the offer lacks the name). ``only``
+    is accepted for the common signature; the verdict is never inside a value."""
+    out: list[tuple[int, list[int]]] = []
+    for a, b in sorted(answers):
+        for u in range(max(a, 1), b - 2):
+            if ids[u] != TOOL or ids[u - 1] not in THE or ids[u + 1] == ASSIGN:
+                continue
+            v = next((i for i in range(u + 2, min(b, u + 10)) if ids[i] in (DOES, IS)), None)
+            first = unspaced(ids[u + 1])
+            if v is None or first is None:
+                continue
+            name, m, t = [first, *ids[u + 2:v]], v - u - 1, v - 1
+            sources = [j + m - 1 for j in range(a - m + 1) if ids[j] == first and list(ids[j:j + m]) == name]
+            if not sources and ids[v] == IS:
+                sources = [0]
+            if 0 < len(sources) <= max_sources:
+                out.append((t, sources))
     return out
 
 

@@ -111,3 +111,29 @@ def test_a_calls_name_points_at_the_reasoning_and_the_declaration():
             for i, (u, src) in enumerate(spelled, 1):
                 assert src == [j + i for j in sources] and {ids[j] for j in src} == {ids[u + 1]}
             assert name_targets(ids, [(n, len(ids))], spell=True, only={t + 2}) == spelled[:1]
+
+
+def test_the_verdict_points_at_the_declared_name_or_at_the_start_for_a_decline():
+    tok = load_tokenizer()
+    assert [tok.encode(w) for w in ("The", " The", " does", " is")] == [[keyed.THE[0]], [keyed.THE[1]],
+                                                                        [keyed.DOES], [keyed.IS]]
+    for thinking in (True, False):
+        for seed in range(6):
+            for kind in ("choose", "tool", "decline"):
+                s = tasks.make(kind, random.Random(seed), thinking=thinking, style=tasks.SHIPPED)
+                ids, n = encode_sample(s, tok)
+                (t, sources), = keyed.verdict_targets(ids, [(n, len(ids))])
+                name = s.expected["tool"] or s.meta["asked"]
+                m = len(tok.encode(name))
+                # t: the reasoning's name, its last token, the verdict next
+                assert tok.decode(ids[t - m + 1:t + 1]) == " " + name and t >= n
+                assert ids[t + 1] == (keyed.IS if kind == "decline" else keyed.DOES)
+                if kind == "decline":  # the offer lacks the name, hard negatives share its verb or object
+                    assert sources == [0]
+                else:  # one declaration, as written, at its last token
+                    (j,) = sources
+                    assert j < n and tok.decode(ids[j - m + 1:j + 1]) == name
+    # the plain reasoning names no tool: nothing to point from
+    plain = tasks.make("decline", random.Random(0), thinking=True, style=tasks.Style("lines", "plain", "decide"))
+    ids, n = encode_sample(plain, tok)
+    assert keyed.verdict_targets(ids, [(n, len(ids))]) == []
