@@ -51,4 +51,4 @@ class Style:
 
 
 PLAIN = Style()
-SHIPPED = Style("lines", "check", "decide", "restate")  # the shipped k3-default's (run wx10): evaluations and probes default to it
+SHIPPED = Style("lines", "check", "decide", "restate")  # the shipped k3-default's (run wx16): evaluations and probes default to it
