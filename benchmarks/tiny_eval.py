@@ -31,7 +31,7 @@ import httpx
 import jsonschema
 
 from k3serve.train import tasks
-from k3serve.train.render import STOP_ID, parse_output, prompt_ids
+from k3serve.train.render import STOP_ID, parse_message, prompt_ids
 from k3serve.train.tok import load_tokenizer
 
 TARGETS = {"tool": 0.9, "decline": 0.9, "json": 0.9, "json_valid": 1.0, "recall": 0.95}
@@ -70,7 +70,7 @@ def _refused(r: httpx.Response) -> EvalError:
 
 
 def http_answer(base_url: str, model: str | None, api_key: str | None,
-                transport: httpx.BaseTransport | None = None) -> Callable[[tasks.Sample], tuple[str, list]]:
+                transport: httpx.BaseTransport | None = None) -> Callable[[tasks.Sample], dict[str, Any]]:
     """A function that asks the server one task; ``model`` None asks for the first model it lists."""
     client = httpx.Client(base_url=base_url, timeout=600, headers={"Authorization": f"Bearer {api_key or 'none'}"},
                           transport=transport)
@@ -80,7 +80,7 @@ def http_answer(base_url: str, model: str | None, api_key: str | None,
             raise _refused(r)
         model = r.json()["data"][0]["id"]
 
-    def answer(s: tasks.Sample) -> tuple[str, list]:
+    def answer(s: tasks.Sample) -> dict[str, Any]:
         body: dict[str, Any] = {"model": model, "messages": s.messages, "temperature": 0, "max_tokens": 256,
                                 "chat_template_kwargs": {"thinking": s.thinking}}
         if s.tools:
@@ -92,8 +92,7 @@ def http_answer(base_url: str, model: str | None, api_key: str | None,
         r = client.post("/chat/completions", json=body)
         if r.status_code != 200:  # e.g. a model name the server does not serve: say what the server said
             raise _refused(r)
-        msg = r.json()["choices"][0]["message"]
-        return msg.get("content") or "", list(msg.get("tool_calls") or [])
+        return r.json()["choices"][0]["message"]
 
     return answer
 
@@ -157,6 +156,26 @@ def why_failed(s: tasks.Sample, content: str, calls: list) -> str | None:
     return "wrong type" if any(_type(got[k]) != _type(v) for k, v in want.items()) else "wrong value"
 
 
+def negative(s: tasks.Sample) -> str:
+    """What a decline's asked tool shares with the offered ones: "object" (``convert_road`` asked,
+    ``share_road`` offered: only the verb tells them apart), "verb", or "none"."""
+    verb, obj = s.meta["asked"].split("_", 1)
+    offered = [t["function"]["name"].split("_", 1) for t in s.tools]
+    return "object" if any(o == obj for _, o in offered) else "verb" if any(v == verb for v, _ in offered) \
+        else "none"
+
+
+def declines_by_negative(samples: list[tasks.Sample], answers: list[tuple[str, list]]) -> dict[str, str]:
+    """Declines solved out of asked, by what the asked tool shares with the offer (``negative``)."""
+    n: dict[str, list[int]] = {}
+    for s, (content, calls) in zip(samples, answers):
+        if s.kind == "decline":
+            n.setdefault(negative(s), [0, 0])
+            n[negative(s)][0] += tasks.score(s, content, calls)
+            n[negative(s)][1] += 1
+    return {k: f"{a}/{b}" for k, (a, b) in sorted(n.items())}
+
+
 def score_all(samples: list[tasks.Sample], answers: list[tuple[str, list]]) -> dict[str, Any]:
     res: dict[str, list[bool]] = {"tool": [], "decline": [], "json": [], "json_valid": [], "recall": [],
                                   "followup": []}
@@ -213,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.base_url:
         try:
             ask = http_answer(args.base_url, args.model, args.api_key)
-            answers = [ask(s) for s in samples]
+            msgs = [ask(s) for s in samples]
         except (EvalError, httpx.HTTPError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
@@ -225,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         model, _ = load_model(args.offline, progress=False)
         outs = offline_generate(model, samples, tok, args.max_new_tokens)
-        answers = [parse_output(s, tok.decode(o)) for s, o in zip(samples, outs)]
+        msgs = [parse_message(s, tok.decode(o)) for s, o in zip(samples, outs)]
         for i, (s, o) in enumerate(zip(samples, outs)):
             if i % args.n < args.show:
                 print(f"--- {s.kind}: expected {json.dumps(s.expected)[:200]}\n{tok.decode(o)}")
@@ -234,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             same, total = agreement(ref, samples, outs, tok)
             report["mxfp4_bf16_agreement"] = {"tokens": total, "accuracy": same / max(1, total)}
     report["seconds"] = round(time.time() - t0, 1)
+    answers = [(m.get("content") or "", list(m.get("tool_calls") or [])) for m in msgs]
     report["scores"] = score_all(samples, answers)
     for key, target in TARGETS.items():
         acc = report["scores"][key]["accuracy"]
@@ -246,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
             why.setdefault(s.kind, {}).setdefault(reason, 0)
             why[s.kind][reason] += 1
     report["failures"] = why
+    report["declines_by_negative"] = declines_by_negative(samples, answers)
+    print("  declines by what the asked tool shares with the offer: "
+          + ", ".join(f"{k} {v}" for k, v in report["declines_by_negative"].items()))
     for kind, reasons in why.items():
         print(f"  {kind} failed: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])))
     if "mxfp4_bf16_agreement" in report:
@@ -253,9 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agreement  {a['accuracy']:7.2%}  ({a['tokens']} tokens, target 99%)")
     print(json.dumps({k: v for k, v in report.items() if k != "scores"}))
     if args.json:  # with every task's answer, so failures can be read back (either mode)
-        report["answers"] = [{"kind": s.kind, "expected": s.expected, "content": content, "tool_calls": calls,
+        report["answers"] = [{"kind": s.kind, "thinking": s.thinking, "expected": s.expected,
+                              "reasoning": m.get("reasoning_content"), "content": content, "tool_calls": calls,
                               "solved": tasks.score(s, content, calls), "why": why_failed(s, content, calls)}
-                             for s, (content, calls) in zip(samples, answers)]
+                             for s, m, (content, calls) in zip(samples, msgs, answers)]
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)
     return 0

@@ -50,6 +50,7 @@ class TrainConfig:
     history_frac: float = 0.0
     lookup_objects: float = 0.0
     tool_leaves: int = tasks.TOOL_LEAVES
+    decline_object: float = 0.0
     mix: str = ""
     request_form: str = "inline"
     reasoning: str = "plain"
@@ -116,7 +117,7 @@ class TrainConfig:
     def copy_warmup(self) -> data.CopyWarmup:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
                               self.recall_frac, self.induce_frac, self.induce_until, self.assoc_frac,
-                              self.induce_long, self.lookup_objects, self.tool_leaves)
+                              self.induce_long, self.lookup_objects, self.tool_leaves, self.decline_object)
 
 
 HELP = {
@@ -154,6 +155,8 @@ HELP = {
     "tool_leaves": f"tool, choose and decline requests have 1 to this many argument leaves (evaluations: "
                    f"{tasks.TOOL_LEAVES}, declines {tasks.DECLINE_LEAVES}; more teaches a call not to close after "
                    "the usual count)",
+    "decline_object": "fraction of the declines that ask for a tool sharing its object with an offered one "
+                      "(convert_road with share_road offered; drawn as evaluations draw them, about 1 in 8 do)",
     "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "
            "lengthen, to keep its token share): e.g. recall=0,choose=0.3; defaults: "
            + ",".join(f"{k}={v}" for k, v in data.MIX.items()),

@@ -61,8 +61,14 @@ def encode_turns(s: Sample, tokenizer) -> tuple[list[int], int, tuple[tuple[int,
     return ids, n_prompt, (*spans, (n_prompt, len(ids)))
 
 
+def parse_message(s: Sample, text: str) -> dict[str, Any]:
+    """The OpenAI assistant message (content, reasoning_content, tool_calls) the server's K3 parser makes of
+    the generated text."""
+    parser = K3.new_parser(K3.render(s.messages, s.tools, request_options(s)), s.tools)
+    return parser.parse(text).to_openai()
+
+
 def parse_output(s: Sample, text: str) -> tuple[str, list[dict[str, Any]]]:
     """(content, OpenAI tool_calls) from the generated text, using the server's K3 parser."""
-    parser = K3.new_parser(K3.render(s.messages, s.tools, request_options(s)), s.tools)
-    msg = parser.parse(text).to_openai()
+    msg = parse_message(s, text)
     return msg.get("content") or "", list(msg.get("tool_calls") or [])

@@ -188,10 +188,27 @@ def make_choose(rng: random.Random, held_out: bool, thinking: bool, style: Style
     return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4), style=style, leaves=leaves)
 
 
+def same_object(rng: random.Random, held_out: bool, offered: list[tuple[str, str, str]]) -> tuple[str, str, str]:
+    """A tool that is not offered but shares its object with an offered one (``set_road`` when ``share_road`` is
+    offered): the hard negative that only the verb tells apart."""
+    _, _, obj = rng.choice(offered)
+    while True:
+        verb = rng.choice(pools.VERBS)
+        name = f"{verb}_{obj}"
+        if pools.is_held_out(name) == held_out and all(name != n for n, _, _ in offered):
+            return name, verb, obj
+
+
 def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN,
-                 leaves: int = DECLINE_LEAVES) -> Sample:
+                 leaves: int = DECLINE_LEAVES, object_share: float = 0.0) -> Sample:
+    """A request for a tool that is not offered. ``object_share`` of them (training only) ask for a tool that
+    shares its object with an offered one: drawn as ``draw_toolset`` draws, one in ~8 does, and wx16 declined
+    2 of 13 such requests against 85 of 87 others (it called the asked tool: ``The tool convert_road does
+    that.`` with ``share_road`` offered)."""
     tools = draw_toolset(rng, held_out, rng.randint(2, 5))
     ask_name, verb, obj = tools.pop()  # asked for, then removed from the offer: a hard negative
+    if object_share and rng.random() < object_share:
+        ask_name, verb, obj = same_object(rng, held_out, tools)
     schemas = [make_schema(rng, rng.randint(1, leaves)) for _ in tools]
     _, _, mentions = make_schema(rng, rng.randint(1, leaves))
     decl = [declare_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]

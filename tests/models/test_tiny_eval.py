@@ -1,5 +1,6 @@
 """`benchmarks/tiny_eval.py` through HTTP: a refused request is reported in one line, not a traceback."""
 
+import dataclasses
 import importlib.util
 import json
 import random
@@ -34,10 +35,12 @@ def test_a_refused_request_says_what_the_server_said(tiny_eval):
 
 def test_an_answer_is_read_from_the_first_choice(tiny_eval):
     def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"choices": [{"message": {"content": "{}", "tool_calls": None}}]})
+        return httpx.Response(200, json={"choices": [{"message": {"content": "{}", "tool_calls": None,
+                                                                  "reasoning_content": "Fill the schema."}}]})
 
     ask = tiny_eval.http_answer("http://test/v1", "k3-default", None, transport=httpx.MockTransport(answer))
-    assert ask(tasks.make("json", random.Random(0), held_out=True, thinking=False)) == ("{}", [])
+    msg = ask(tasks.make("json", random.Random(0), held_out=True, thinking=False))
+    assert (msg["content"], msg["tool_calls"], msg["reasoning_content"]) == ("{}", None, "Fill the schema.")
 
 
 def test_without_a_model_name_it_asks_for_the_first_served_model(tiny_eval):
@@ -88,3 +91,21 @@ def test_a_failure_says_why(tiny_eval):
     other = {**j.expected["json"], first: j.expected["json"][first] + " more"}
     assert tiny_eval.why_failed(j, json.dumps(other), []) == "wrong value"
     assert tiny_eval.why_failed(j, json.dumps(j.expected["json"]), []) is None
+
+
+def test_declines_are_counted_by_what_the_asked_tool_shares_with_the_offer(tiny_eval):
+    s = tasks.make("decline", random.Random(0), held_out=True, thinking=False)
+
+    def asking(asked, offered):
+        tools = [{"type": "function", "function": {"name": n}} for n in offered]
+        return dataclasses.replace(s, tools=tools, meta={"asked": asked})
+
+    shares_object = asking("convert_road", ["share_road", "open_table"])
+    shares_verb = asking("convert_road", ["convert_table"])
+    shares_none = asking("convert_road", ["open_table", "share_user"])
+    assert [tiny_eval.negative(x) for x in (shares_object, shares_verb, shares_none)] == ["object", "verb", "none"]
+    declined = (s.expected["text"], [])
+    called = ("", [{"function": {"name": "convert_road", "arguments": "{}"}}])
+    got = tiny_eval.declines_by_negative([shares_object, shares_object, shares_none, shares_verb],
+                                         [declined, called, declined, called])
+    assert got == {"none": "1/1", "object": "1/2", "verb": "0/1"}

@@ -152,6 +152,33 @@ def test_tool_leaves_widen_training_requests_and_leave_evaluations_alone(tok, mo
         data.CopyWarmup(tool_leaves=0)
 
 
+def test_decline_object_asks_for_a_tool_sharing_an_offered_tools_object(tok, monkeypatch):
+    """``object_share`` 1: every decline asks for an unoffered tool whose object an offered tool has, on the
+    requested side of the name split; 0 (evaluations) draws exactly what it drew before."""
+    assert [tasks.make("decline", random.Random(i)) for i in range(30)] == \
+           [tasks.make("decline", random.Random(i), object_share=0.0) for i in range(30)]
+    for held_out in (False, True):
+        for i in range(100):
+            s = tasks.make("decline", random.Random(i), held_out=held_out, object_share=1.0)
+            asked = s.meta["asked"]
+            offered = [t["function"]["name"] for t in s.tools]
+            assert asked not in offered and pools.is_held_out(asked) == held_out
+            assert asked.split("_", 1)[1] in {n.split("_", 1)[1] for n in offered}
+            assert s.expected["text"].endswith(f"the {asked.split('_', 1)[1]}.")
+    # the trainer's draw passes it to declines only, and only when set
+    seen = []
+    real = tasks.make
+    monkeypatch.setattr(tasks, "make", lambda kind, rng, **kw: seen.append((kind, kw.get("object_share"))) or
+                        real(kind, rng, **kw))
+    for warmup in (data.CopyWarmup(decline_object=0.5), data.CopyWarmup()):
+        for kind in ("decline", "choose"):
+            mix = {k: float(k == kind) for k in data.MIX}
+            assert data.draw(random.Random(1), tok, 1.0, warmup, mix=mix).kind == kind
+    assert seen == [("decline", 0.5), ("choose", None), ("decline", None), ("choose", None)]
+    with pytest.raises(ValueError, match="decline_object"):
+        data.CopyWarmup(decline_object=1.5)
+
+
 def _has(seq: list[int], part: list[int]) -> bool:
     return any(seq[i:i + len(part)] == part for i in range(len(seq) - len(part) + 1))
 
