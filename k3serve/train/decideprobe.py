@@ -7,7 +7,8 @@ then part: `` No`` against `` The`` (reasoning ``plain``), `` is`` against `` do
 ``nothink`` ``decide``, the content opens with those sentences and they part where the reasoning would). For
 held-out decline, single-tool and choose tasks this probe builds the other branch's answer, finds the first
 token where the two encodings differ, and reports P(right) / (P(right) + P(other)) there. A model that has not
-learnt the decision sits near its training prior for every kind alike.
+learnt the decision sits near its training prior for every kind alike. The ``object`` kind is declines whose
+asked tool shares its object with an offered one (``tasks.make_decline``'s ``object_share``).
 
     python -m k3serve.train.decideprobe k3serve/models/weights/k3-default
     python -m k3serve.train.decideprobe runs/wk4 --form inline --reasoning plain
@@ -29,7 +30,9 @@ from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.vocab import CompactVocab
 
-KINDS = ("decline", "tool", "choose")
+# "object": declines whose asked tool shares its object with an offered one (``convert_road`` asked,
+# ``share_road`` offered), the declines shipped runs miss most (wx16: 3 of 17 through the server)
+KINDS = ("decline", "object", "tool", "choose")
 
 
 def other_branch(s: tasks.Sample, style: tasks.Style) -> dict:
@@ -67,8 +70,10 @@ def probe(model: nn.Module, vocab: CompactVocab, tokenizer, style: tasks.Style, 
     rng, out = random.Random(seed), {}
     for kind in KINDS:
         for thinking in (True, False):
-            got = [decision(model, vocab, tokenizer, tasks.make(kind, rng, held_out=True, thinking=thinking,
-                                                                 style=style), style) for _ in range(n)]
+            extra = {"object_share": 1.0} if kind == "object" else {}
+            made = (tasks.make("decline" if kind == "object" else kind, rng, held_out=True, thinking=thinking,
+                               style=style, **extra) for _ in range(n))
+            got = [decision(model, vocab, tokenizer, s, style) for s in made]
             out[(kind, thinking)] = [g[0] for g in got if g is not None]
     return out
 

@@ -70,6 +70,7 @@ def test_probe_reports_the_ratio_of_the_two_branches(tok, monkeypatch):
     (no,) = tok.encode(" No")
     says_no = decideprobe.probe(_Always(len(vocab), vocab.to_compact([int(no)])[0]), vocab, tok, style, n=2)
     assert all(p > 0.99 for p in says_no[("decline", True)])  # right on every thinking decline
+    assert all(p > 0.99 for p in says_no[("object", True)])  # hard ones included
     assert all(p < 0.01 for p in says_no[("tool", True)])  # wrong on every thinking call
     assert all(len(ps) == 2 for ps in says_no.values())
 
