@@ -69,6 +69,7 @@ class TrainConfig:
     attn_names: float = 0.0
     attn_spell: float = 0.0
     attn_verdict: float = 0.0
+    attn_describe: float = 0.0
     split_residual: bool = False
     split_shifts: int = 0
 
@@ -107,7 +108,8 @@ class TrainConfig:
         """Weight of each MLA attention supervision (``induction.KINDS``), in the order their losses add up."""
         return {"attn": self.attn_sup, "miss": self.attn_miss, "lookup_attn": self.attn_lookup,
                 "type_attn": self.attn_types, "follow_attn": self.attn_follow, "key_attn": self.attn_keys,
-                "name_attn": self.attn_names, "spell_attn": self.attn_spell, "verdict_attn": self.attn_verdict}
+                "name_attn": self.attn_names, "spell_attn": self.attn_spell, "verdict_attn": self.attn_verdict,
+                "describe_attn": self.attn_describe}
 
     @property
     def style(self) -> tasks.Style:
@@ -195,6 +197,9 @@ HELP = {
     "attn_verdict": "weight of the loss that points head 1's query at the reasoning's 'The tool NAME' (before "
                     "'does'/'is') to where the declarations wrote NAME, or to the first position when none does "
                     "(a decline; train/keyed.py verdict_targets; 0: off)",
+    "attn_describe": "weight of the loss that points head 2's query at the reasoning's 'wants to VERB the OBJ.' "
+                     "(OBJ) to the offered tool's description 'Use this to VERB the OBJ.', or to position 0 when "
+                     "none says it (train/keyed.py describe_targets; 0: off)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
                       "writing the second half, for MLA keys to match on (train/init.py)",
     "split_shifts": "make heads 0..N-1 of the first KDA layer previous-token heads for the N tokens before, "

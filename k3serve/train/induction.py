@@ -60,7 +60,8 @@ from torch import nn
 
 from k3serve.layers.mla import MLAttention
 from k3serve.train.data import SPECIAL_BASE  # the format's tags: never looked up
-from k3serve.train.keyed import LOOKUP_SOURCES, json_tokens, key_targets, name_targets, type_targets, verdict_targets
+from k3serve.train.keyed import (LOOKUP_SOURCES, describe_targets, json_tokens, key_targets, name_targets,
+                                 type_targets, verdict_targets)
 
 MAX_SOURCES = 8  # a token with more earlier sources than this (quotes, commas) is not a lookup
 FOLLOW_SOURCES = 3  # a value's last token stands once in the request; a digit or a common word more often
@@ -223,7 +224,7 @@ def attention_loss(taps: MLAInputs, lens: Sequence[int], targets: Sequence[list[
 
 
 # kind logged by the trainer -> (targets of one sequence, ``avoid``, head, kept to ``keyed.value_positions``):
-# the nine supervisions (the lookups are kept to the values by ``--lookup-in values``)
+# the ten supervisions (the lookups are kept to the values by ``--lookup-in values``)
 KINDS = {
     "attn": (induction_targets, False, 0, False),
     "miss": (functools.partial(induction_targets, misses=True), True, 0, False),
@@ -234,4 +235,5 @@ KINDS = {
     "follow_attn": (follow_targets, False, 0, True),
     "spell_attn": (functools.partial(name_targets, spell=True), False, 1, False),
     "verdict_attn": (verdict_targets, False, 1, False),
+    "describe_attn": (describe_targets, False, 2, False),  # head 2: head 1 already reads names and keys
 }

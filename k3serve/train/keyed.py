@@ -19,6 +19,9 @@ token that ends in ``"``), its tokens, and the position whose next token shows i
   (a decline). wx10's declines failed where a hard negative was offered (``open_table`` for ``set_table``):
   the reasoning named the asked tool and said ``does that``, so the check of the name against the offer is
   what this supervises.
+- ``describe_targets`` (head 2): at the reasoning's ``The user wants to VERB the OBJ.`` (OBJ, before the
+  period), OBJ where a declaration's description says ``Use this to VERB the OBJ.``; the first position when
+  none does. The same check as the verdict's, made where both sides write the same tokens.
 - ``key_targets`` (head 1): before the key, the request position where ``K:`` starts. The plain lookups point
   at every K of the prompt and drop a key that more than ``LOOKUP_SOURCES`` positions hold; in a choice among
   tools the other tools' schemas share keys, and run wv3's second argument was often another tool's property.
@@ -39,6 +42,7 @@ STRUCTURED = frozenset({"tool", "choose", "decline", "json", "followup", "sessio
 KEY, ASSIGN, QUOTE, TYPE, COLON = 2355, 878, 1, 1798, 25  # ' key', '="', '"', ' type', ':'
 CALL, TOOL = 10257, 4453  # 'call' after <|open|>, ' tool' (``<|open|>call tool="NAME"``)
 THE, DOES, IS = (1008, 646), 2354, 387  # 'The' / ' The', ' does', ' is' (``The tool NAME does that.``)
+WANTS, TO, THE_, PERIOD, THIS = 11333, 308, 276, 13, 566  # ' wants', ' to', ' the', '.', ' this'
 LOOKUP_SOURCES = 4  # a key stands in the schema's properties, its required list and the request: 3
 
 
@@ -163,6 +167,34 @@ def verdict_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_
                 sources = [0]
             if 0 < len(sources) <= max_sources:
                 out.append((t, sources))
+    return out
+
+
+def describe_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = LOOKUP_SOURCES,
+                     only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
+    """``(t, sources)`` for each reasoning's ``The user wants to VERB the OBJ.``, t at OBJ's last token: the
+    same token of each declaration's ``Use this to VERB the OBJ.`` (the description of the tool that does
+    it), or ``[0]`` where no declaration has one (not offered). A tool name is three tokens
+    (``convert`` ``_`` ``road``), so matching a reasoning's name against the declared ones needs the token two
+    back at the last one, and spaced in the reasoning, unspaced in the declarations; wx16 and wx17 declined
+    a request for ``convert_road`` with ``share_road`` offered no better than chance. The two sentences are
+    the same tokens, the verb two back from the object in both. ``only`` is accepted for the common
+    signature."""
+    out: list[tuple[int, list[int]]] = []
+    for a, b in sorted(answers):
+        for u in range(a, b - 3):
+            if ids[u] != WANTS or ids[u + 1] != TO:
+                continue
+            the = next((i for i in range(u + 3, min(b, u + 8)) if ids[i] == THE_), None)
+            end = None if the is None else next((i for i in range(the + 2, min(b, the + 8)) if ids[i] == PERIOD),
+                                                None)
+            if end is None:
+                continue
+            phrase = [THIS, TO, *ids[u + 2:end]]
+            m = len(phrase)
+            sources = [j + m - 1 for j in range(a - m + 1) if ids[j] == THIS and list(ids[j:j + m]) == phrase]
+            if 0 < len(sources or [0]) <= max_sources:
+                out.append((end - 1, sources or [0]))
     return out
 
 

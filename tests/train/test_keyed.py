@@ -137,3 +137,40 @@ def test_the_verdict_points_at_the_declared_name_or_at_the_start_for_a_decline()
     plain = tasks.make("decline", random.Random(0), thinking=True, style=tasks.Style("lines", "plain", "decide"))
     ids, n = encode_sample(plain, tok)
     assert keyed.verdict_targets(ids, [(n, len(ids))]) == []
+
+
+def test_describe_points_at_the_offered_tools_description_or_at_the_start_for_a_decline():
+    tok = load_tokenizer()
+    assert [[int(i) for i in tok.encode(w)] for w in (" wants", " to", " the", ".", " this")] == \
+        [[keyed.WANTS], [keyed.TO], [keyed.THE_], [keyed.PERIOD], [keyed.THIS]]
+    for thinking in (True, False):
+        for seed in range(6):
+            for kind in ("choose", "tool", "decline"):
+                extra = {"object_share": 1.0} if kind == "decline" else {}
+                s = tasks.make(kind, random.Random(seed), thinking=thinking, style=tasks.SHIPPED, **extra)
+                ids, n = encode_sample(s, tok)
+                (t, sources), = keyed.describe_targets(ids, [(n, len(ids))])
+                verb, obj = (s.expected["tool"] or s.meta["asked"]).split("_", 1)
+                # t: the object of the reasoning's first sentence, its period next
+                assert t >= n and tok.decode(ids[t - 4:t + 2]) == f" wants to {verb} the {obj}."
+                if kind == "decline":  # another tool may share the object (here one always does): not offered
+                    assert sources == [0]
+                    assert f"the {obj}." in tok.decode(ids[:n])
+                else:  # the offered tool's description, at the same token
+                    (j,) = sources
+                    assert j < n and tok.decode(ids[j - 4:j + 2]) == f" this to {verb} the {obj}."
+    # a session: each answer's sentence points on its own, at a description, never at an earlier answer
+    from k3serve.train import sessions
+    from k3serve.train.render import encode_turns
+
+    for seed in range(4):
+        s = sessions.make(random.Random(seed), thinking=False, style=tasks.SHIPPED)
+        ids, _, spans = encode_turns(s, tok)
+        got = keyed.describe_targets(ids, spans)
+        msgs = [*s.messages[1:], s.target]
+        said = [m["content"] for m in msgs if m["role"] == "assistant" and "wants to" in (m.get("content") or "")]
+        assert len(got) == len(said) >= 2
+        declared = min(a for a, _ in spans)
+        for (t, src), text in zip(got, said):
+            assert text.startswith("The user wants to " + tok.decode(ids[t - 2:t + 1]).strip())
+            assert src == [0] if "not offered" in text else len(src) == 1 and src[0] < declared
