@@ -16,7 +16,8 @@ from k3serve.train.forward import train_forward
 from k3serve.train import tasks
 from k3serve.train.induction import (MLAInputs, attention_loss, follow_targets, head_qk, induced_positions,
                                      induction_targets, lookup_targets)
-from k3serve.train.keyed import key_targets, name_targets, type_targets, value_positions, verdict_targets
+from k3serve.train.keyed import (describe_targets, key_targets, name_targets, type_targets, value_positions,
+                                 verdict_targets)
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.init import init_for_training
@@ -239,6 +240,7 @@ def test_step_loss_supervises_the_lookups_in_values_and_the_types():
         assert kinds["name_attn"][1] == len(name_targets(e.ids, e.answers)) == 1
         assert kinds["spell_attn"][1] == len(name_targets(e.ids, e.answers, spell=True)) > 0
         assert kinds["verdict_attn"][1] == len(verdict_targets(e.ids, e.answers)) == 1
+        assert kinds["describe_attn"][1] == len(describe_targets(e.ids, e.answers)) == 1
     with pytest.raises(ValueError, match="unknown attention supervision"):
         step_loss(m, vocab, [e], None, {"names": 0.5})
     assert len(lookup_targets(e.ids, e.answers, only=only)) < len(lookup_targets(e.ids, e.answers))
