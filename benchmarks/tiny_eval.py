@@ -170,9 +170,9 @@ def declines_by_negative(samples: list[tasks.Sample], answers: list[tuple[str, l
     n: dict[str, list[int]] = {}
     for s, (content, calls) in zip(samples, answers):
         if s.kind == "decline":
-            n.setdefault(negative(s), [0, 0])
-            n[negative(s)][0] += tasks.score(s, content, calls)
-            n[negative(s)][1] += 1
+            solved_asked = n.setdefault(negative(s), [0, 0])
+            solved_asked[0] += tasks.score(s, content, calls)
+            solved_asked[1] += 1
     return {k: f"{a}/{b}" for k, (a, b) in sorted(n.items())}
 
 

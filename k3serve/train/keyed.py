@@ -192,9 +192,9 @@ def describe_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max
                 continue
             phrase = [THIS, TO, *ids[u + 2:end]]
             m = len(phrase)
-            sources = [j + m - 1 for j in range(a - m + 1) if ids[j] == THIS and list(ids[j:j + m]) == phrase]
-            if 0 < len(sources or [0]) <= max_sources:
-                out.append((end - 1, sources or [0]))
+            sources = [j + m - 1 for j in range(a - m + 1) if ids[j] == THIS and list(ids[j:j + m]) == phrase] or [0]
+            if len(sources) <= max_sources:
+                out.append((end - 1, sources))
     return out
 
 
