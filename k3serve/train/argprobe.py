@@ -97,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--form", choices=tasks.FORMS, default=tasks.SHIPPED.form, help="how requests write "
                    "their values (the model's --request-form; default: the shipped model's)")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
     if (opened := open_source(args)) is None:
         return 2
     model, vocab, label = opened

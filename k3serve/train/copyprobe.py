@@ -96,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     add_source_arguments(p)
     p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="copy lengths to score")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
     if (opened := open_source(args)) is None:
         return 2
     model, vocab, label = opened

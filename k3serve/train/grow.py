@@ -77,7 +77,9 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
 
 def open_source(args: argparse.Namespace) -> tuple[nn.Module, CompactVocab, str] | None:
     """``open_model`` for a probe's parsed arguments, with a label ("runs/x step 425") for its report; on a
-    bad source, one line on stderr and None."""
+    bad source, one line on stderr and None. Probes run on one thread (a tiny model's forwards gain nothing
+    from more, and a probe often runs beside training)."""
+    torch.set_num_threads(1)
     try:
         model, vocab, step = open_model(args.source, args.step, args.config)
     except ValueError as e:

@@ -73,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.n < 1:
         p.error("--n must be >= 1")
-    torch.set_num_threads(1)
     if (opened := open_source(args)) is None:
         return 2
     model, vocab, label = opened

@@ -63,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.records < 1 or args.n < 1:
         print("error: --records and --n must be >= 1", file=sys.stderr)
         return 2
-    torch.set_num_threads(1)
     if (opened := open_source(args)) is None:
         return 2
     model, vocab, label = opened
