@@ -51,6 +51,7 @@ class TrainConfig:
     lookup_objects: float = 0.0
     tool_leaves: int = tasks.TOOL_LEAVES
     decline_object: float = 0.0
+    choose_object: float = 0.0
     mix: str = ""
     request_form: str = "inline"
     reasoning: str = "plain"
@@ -119,7 +120,8 @@ class TrainConfig:
     def copy_warmup(self) -> data.CopyWarmup:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
                               self.recall_frac, self.induce_frac, self.induce_until, self.assoc_frac,
-                              self.induce_long, self.lookup_objects, self.tool_leaves, self.decline_object)
+                              self.induce_long, self.lookup_objects, self.tool_leaves, self.decline_object,
+                              self.choose_object)
 
 
 HELP = {
@@ -159,6 +161,9 @@ HELP = {
                    "the usual count)",
     "decline_object": "fraction of the declines that ask for a tool sharing its object with an offered one "
                       "(convert_road with share_road offered; drawn as evaluations draw them, about 1 in 8 do)",
+    "choose_object": "fraction of the choices that offer, beside the picked tool, one with its object and another "
+                     "verb (share_road beside convert_road), so that such a tool in the offer does not mean a "
+                     "decline",
     "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "
            "lengthen, to keep its token share): e.g. recall=0,choose=0.3; defaults: "
            + ",".join(f"{k}={v}" for k, v in data.MIX.items()),

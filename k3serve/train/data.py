@@ -106,7 +106,8 @@ class CopyWarmup:
     fraction of the lookups ask keys in quotes and are answered as an object (``tasks.make_lookup``). Tool and
     choose requests have 1 to ``tool_leaves`` argument leaves (``tasks.TOOL_LEAVES`` in evaluations); when that
     is not the default, so have declines (evaluations: ``tasks.DECLINE_LEAVES``). A ``decline_object`` fraction
-    of the declines ask for a tool that shares its object with an offered one (``tasks.make_decline``)."""
+    of the declines ask for a tool that shares its object with an offered one (``tasks.make_decline``), a
+    ``choose_object`` fraction of the choices offer such a tool beside the picked one (``tasks.make_choose``)."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
@@ -119,10 +120,11 @@ class CopyWarmup:
     lookup_objects: float = 0.0
     tool_leaves: int = tasks.TOOL_LEAVES
     decline_object: float = 0.0
+    choose_object: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("share", "until", "after", "lookup", "recall", "induce", "induce_until", "assoc",
-                     "lookup_objects", "decline_object"):
+                     "lookup_objects", "decline_object", "choose_object"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"copy warm-up {name} must be in [0, 1]")
         if self.induce_long < 0:
@@ -255,6 +257,8 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
         kwargs["leaves"] = warmup.tool_leaves
     if kind == "decline" and warmup.decline_object:  # only when set, so a default run draws what it drew before
         kwargs["object_share"] = warmup.decline_object
+    if kind == "choose" and warmup.choose_object:
+        kwargs["object_share"] = warmup.choose_object
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
     s = sessions.make(rng, style=style) if kind == "session" else tasks.make(kind, rng, style=style, **kwargs)

@@ -169,11 +169,14 @@ def decided(verb: str, obj: str, name: str, offered: bool, thinking: bool, style
 
 
 def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int | None = None,
-              style: Style = PLAIN, leaves: int = TOOL_LEAVES) -> Sample:
+              style: Style = PLAIN, leaves: int = TOOL_LEAVES, object_share: float = 0.0) -> Sample:
     n = n_tools if n_tools is not None else 1
     tools = draw_toolset(rng, held_out, n)
     schemas = [make_schema(rng, rng.randint(1, leaves)) for _ in tools]
     pick = rng.randrange(n)
+    if n > 1 and object_share and rng.random() < object_share:
+        other = rng.choice([i for i in range(n) if i != pick])
+        tools[other] = object_twin(rng, held_out, tools[pick], tools)
     name, verb, obj = tools[pick]
     _, values, mentions = schemas[pick]
     decl = [declare_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
@@ -184,19 +187,29 @@ def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int |
 
 
 def make_choose(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN,
-                leaves: int = TOOL_LEAVES) -> Sample:
-    return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4), style=style, leaves=leaves)
+                leaves: int = TOOL_LEAVES, object_share: float = 0.0) -> Sample:
+    """A call of one of 2-4 offered tools. ``object_share`` of them (training only) offer, beside the picked
+    tool, one with its object and another verb (``share_road`` beside ``convert_road``): the same hard negative
+    that ``make_decline``'s ``object_share`` asks for, so that its presence does not tell a decline apart."""
+    return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4), style=style, leaves=leaves,
+                     object_share=object_share)
+
+
+def object_twin(rng: random.Random, held_out: bool, tool: tuple[str, str, str],
+                taken: list[tuple[str, str, str]]) -> tuple[str, str, str]:
+    """A tool with ``tool``'s object and another verb, none of ``taken`` (on ``held_out``'s side of the split)."""
+    _, _, obj = tool
+    while True:
+        verb = rng.choice(pools.VERBS)
+        name = f"{verb}_{obj}"
+        if pools.is_held_out(name) == held_out and all(name != n for n, _, _ in taken):
+            return name, verb, obj
 
 
 def same_object(rng: random.Random, held_out: bool, offered: list[tuple[str, str, str]]) -> tuple[str, str, str]:
     """A tool that is not offered but shares its object with an offered one (``set_road`` when ``share_road`` is
     offered): the hard negative that only the verb tells apart."""
-    _, _, obj = rng.choice(offered)
-    while True:
-        verb = rng.choice(pools.VERBS)
-        name = f"{verb}_{obj}"
-        if pools.is_held_out(name) == held_out and all(name != n for n, _, _ in offered):
-            return name, verb, obj
+    return object_twin(rng, held_out, rng.choice(offered), offered)
 
 
 def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN,

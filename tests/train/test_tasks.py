@@ -179,6 +179,34 @@ def test_decline_object_asks_for_a_tool_sharing_an_offered_tools_object(tok, mon
         data.CopyWarmup(decline_object=1.5)
 
 
+def test_choose_object_offers_the_picked_tools_object_with_another_verb(tok, monkeypatch):
+    """``object_share`` 1: every choice offers, beside the picked tool, one with its object and another verb
+    (all names distinct, on the requested side of the split); 0 (evaluations) draws what it drew before."""
+    assert [tasks.make("choose", random.Random(i)) for i in range(30)] == \
+           [tasks.make("choose", random.Random(i), object_share=0.0) for i in range(30)]
+    for held_out in (False, True):
+        for i in range(100):
+            s = tasks.make("choose", random.Random(i), held_out=held_out, object_share=1.0)
+            picked = s.expected["tool"]
+            offered = [t["function"]["name"] for t in s.tools]
+            assert picked in offered and len(set(offered)) == len(offered)
+            assert all(pools.is_held_out(n) == held_out for n in offered)
+            verb, obj = picked.split("_", 1)
+            assert any(n.split("_", 1)[1] == obj and n.split("_", 1)[0] != verb for n in offered)
+    seen = []
+    real = tasks.make
+    monkeypatch.setattr(tasks, "make", lambda kind, rng, **kw: seen.append((kind, kw.get("object_share"))) or
+                        real(kind, rng, **kw))
+    for warmup in (data.CopyWarmup(choose_object=0.5), data.CopyWarmup()):
+        for kind in ("choose", "decline", "tool"):
+            mix = {k: float(k == kind) for k in data.MIX}
+            assert data.draw(random.Random(1), tok, 1.0, warmup, mix=mix).kind == kind
+    assert seen == [("choose", 0.5), ("decline", None), ("tool", None),
+                    ("choose", None), ("decline", None), ("tool", None)]
+    with pytest.raises(ValueError, match="choose_object"):
+        data.CopyWarmup(choose_object=-0.1)
+
+
 def _has(seq: list[int], part: list[int]) -> bool:
     return any(seq[i:i + len(part)] == part for i in range(len(seq) - len(part) + 1))
 
