@@ -41,11 +41,12 @@ def other_branch(s: tasks.Sample, style: tasks.Style) -> dict:
     decline for a call."""
     asked = s.meta["asked"] if s.kind == "decline" else s.expected["tool"]
     verb, obj = asked.split("_", 1)  # tool names are verb_object
+    offer = [t["function"]["name"] for t in s.tools]
     if s.kind == "decline":
         name = asked if style.reasoning != "plain" else s.tools[0]["function"]["name"]
         call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}
-        return {**tasks.decided(verb, obj, name, True, s.thinking, style), "tool_calls": [call]}
-    return tasks.decided(verb, obj, asked, False, s.thinking, style)
+        return {**tasks.decided(verb, obj, name, True, s.thinking, style, offer), "tool_calls": [call]}
+    return tasks.decided(verb, obj, asked, False, s.thinking, style, offer)
 
 
 @torch.no_grad()

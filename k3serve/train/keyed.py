@@ -19,6 +19,9 @@ token that ends in ``"``), its tokens, and the position whose next token shows i
   (a decline). wx10's declines failed where a hard negative was offered (``open_table`` for ``set_table``):
   the reasoning named the asked tool and said ``does that``, so the check of the name against the offer is
   what this supervises.
+  With the "list" reasoning (``Tools that convert: convert_lamp.`` before it) NAME's last token where the
+  list wrote it instead, and ``list_targets`` adds, at the list's ``:`` and each ``,``, the next listed name's
+  first token where the declarations wrote it (``[0]`` before ``none``).
 - ``describe_targets`` (head 2): at the reasoning's ``The user wants to VERB the OBJ.`` (OBJ, before the
   period), OBJ where a declaration's description says ``Use this to VERB the OBJ.``; the first position when
   none does. The same check as the verdict's, made where both sides write the same tokens.
@@ -43,6 +46,7 @@ KEY, ASSIGN, QUOTE, TYPE, COLON = 2355, 878, 1, 1798, 25  # ' key', '="', '"', '
 CALL, TOOL = 10257, 4453  # 'call' after <|open|>, ' tool' (``<|open|>call tool="NAME"``)
 THE, DOES, IS = (1008, 646), 2354, 387  # 'The' / ' The', ' does', ' is' (``The tool NAME does that.``)
 WANTS, TO, THE_, PERIOD, THIS = 11333, 308, 276, 13, 566  # ' wants', ' to', ' the', '.', ' this'
+TOOLS, THAT, COMMA, NONE = 30391, 473, 11, 7810  # ' Tools', ' that', ',', ' none' (``Tools that VERB: none.``)
 LOOKUP_SOURCES = 4  # a key stands in the schema's properties, its required list and the request: 3
 
 
@@ -162,11 +166,39 @@ def verdict_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_
             if v is None or first is None:
                 continue
             name, m, t = [first, *ids[u + 2:v]], v - u - 1, v - 1
-            sources = [j + m - 1 for j in range(a - m + 1) if ids[j] == first and list(ids[j:j + m]) == name]
+            listed = [j + m - 1 for j in range(a, u - m) if list(ids[j:j + m]) == list(ids[u + 1:v])]
+            sources = listed or [j + m - 1 for j in range(a - m + 1) if ids[j] == first and list(ids[j:j + m]) == name]
             if not sources and ids[v] == IS:
                 sources = [0]
             if 0 < len(sources) <= max_sources:
                 out.append((t, sources))
+        out += list_targets(ids, a, b, max_sources)
+    return out
+
+
+def list_targets(ids: Sequence[int], a: int, b: int, max_sources: int = LOOKUP_SOURCES) -> list[tuple[int, list[int]]]:
+    """For the "list" reasoning's ``Tools that VERB: NAME, NAME.`` (or ``none``) in answer ``[a, b)``: at the
+    ``:`` and at each ``,``, the first token of the next listed name where the declarations wrote it (unspaced),
+    or ``[0]`` before ``none``. Where the verdict then points at the listed name, not the declared one (each a
+    one-token match: the verb here, the object there)."""
+    out: list[tuple[int, list[int]]] = []
+    for u in range(max(a, 1), b - 3):
+        if ids[u] != TOOLS or ids[u + 1] != THAT or ids[u + 3] != COLON:
+            continue
+        p = u + 3
+        while p + 1 < b and ids[p] in (COLON, COMMA):
+            end = next((i for i in range(p + 1, min(b, p + 12)) if ids[i] in (COMMA, PERIOD)), None)
+            if end is None:
+                break
+            if ids[p + 1] == NONE:
+                sources = [0]
+            else:
+                first = unspaced(ids[p + 1])
+                name = [first, *ids[p + 2:end]]
+                sources = [j for j in range(a - len(name) + 1) if list(ids[j:j + len(name)]) == name]
+            if 0 < len(sources) <= max_sources:
+                out.append((p, sources))
+            p = end
     return out
 
 

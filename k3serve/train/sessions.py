@@ -45,7 +45,7 @@ def make_session(rng: random.Random, held_out: bool, thinking: bool, style: Styl
         if pick == n_offered:
             name, verb, obj = absent
             _, _, mentions = tasks.make_schema(rng, rng.randint(1, 3))
-            reply = tasks.decided(verb, obj, name, False, thinking, style)
+            reply = tasks.decided(verb, obj, name, False, thinking, style, [t[0] for t in tools])
             messages += [{"role": "user", "content": tasks.write_request(rng, verb, obj, mentions, style.form)}, reply]
             expected = {"tool": None, "text": reply["content"]}
             continue
@@ -56,7 +56,8 @@ def make_session(rng: random.Random, held_out: bool, thinking: bool, style: Styl
             request = tasks.ask_back(request, ask, style.form)
         call = tasks.tool_call(name, values, k)
         messages += [{"role": "user", "content": request},
-                     {**tasks.decided(verb, obj, name, True, thinking, style), "tool_calls": [call]}]
+                     {**tasks.decided(verb, obj, name, True, thinking, style, [t[0] for t in tools]),
+                      "tool_calls": [call]}]
         if more:
             messages += [tasks.tool_message(result, k), tasks.answer_from(result, ask, thinking)]
         expected = {"tool": name, "arguments": values}

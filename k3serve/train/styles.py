@@ -14,8 +14,12 @@ FORMS = ("inline", "lines")
 # kinds then write a tool name before deciding, and the decision is whether that name was offered. "assign" is
 # "check" with the name written as the call writes it (``The tool="close_payment" does that.``): the same tokens
 # `` tool`` ``="`` ``close`` ``_payment``, so the call's name is one induction step from the reasoning's, where
-# `` close`` (with its space) is another id than the call's ``close``.
-REASONINGS = ("plain", "check", "assign")
+# `` close`` (with its space) is another id than the call's ``close``. "list" is "check" with a sentence between
+# that lists the offered tools with the asked verb (``Tools that convert: convert_lamp.``, or ``none``): a name
+# is three tokens with the verb two back from the last, so "check" asks one position to match two tokens
+# (wx16 called ``convert_road`` with ``share_road`` offered in 14 of 17 such declines); listed, each step
+# matches one: the verb at the list's start, the object at the verdict's name.
+REASONINGS = ("plain", "check", "assign", "list")
 # What a tool, choose or decline answer says without thinking: "bare" (a call has empty content, a decline says
 # only ``None of the available tools can ...``) or "decide": the content opens with the sentences the reasoning
 # would hold (``The user wants to ... The tool close_payment is not offered.``), so the tool's name is written

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -144,13 +144,20 @@ def tool_call(name: str, args: dict[str, Any], k: int = 1) -> dict[str, Any]:
     return {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
 
-def decision_reasoning(verb: str, obj: str, name: str, offered: bool, style: Style = PLAIN) -> str:
-    """The one-sentence-a-step reasoning before a call (``offered``) or a decline of tool ``name``."""
+def decision_reasoning(verb: str, obj: str, name: str, offered: bool, style: Style = PLAIN,
+                       offer: Sequence[str] | None = None) -> str:
+    """The one-sentence-a-step reasoning before a call (``offered``) or a decline of tool ``name``; ``offer``
+    (the offered tools' names, in declaration order) is needed by the "list" reasoning."""
     tool = f'The tool="{name}"' if style.reasoning == "assign" else f"The tool {name}"
     if offered:
         verdict = f"{tool} does that."
     else:
         verdict = "No tool does that." if style.reasoning == "plain" else f"{tool} is not offered."
+    if style.reasoning == "list":
+        if offer is None:
+            raise ValueError("the list reasoning needs the offered tools")
+        listed = [n for n in offer if n.split("_", 1)[0] == verb]  # tool names are verb_object
+        verdict = f"Tools that {verb}: {', '.join(listed) or 'none'}. {verdict}"
     return f"The user wants to {verb} the {obj}. {verdict}"
 
 
@@ -158,11 +165,12 @@ def decline_content(verb: str, obj: str) -> str:
     return f"None of the available tools can {verb} the {obj}."
 
 
-def decided(verb: str, obj: str, name: str, offered: bool, thinking: bool, style: Style = PLAIN) -> dict[str, Any]:
+def decided(verb: str, obj: str, name: str, offered: bool, thinking: bool, style: Style = PLAIN,
+            offer: Sequence[str] | None = None) -> dict[str, Any]:
     """The assistant message of a call (``offered``: without ``tool_calls``, the caller adds them) or a decline:
     the decision sentences go to the reasoning when thinking, to the content's start with ``nothink``
     "decide", nowhere otherwise."""
-    sentences = decision_reasoning(verb, obj, name, offered, style)
+    sentences = decision_reasoning(verb, obj, name, offered, style, offer)
     said = "" if thinking or style.nothink == "bare" else sentences
     content = said if offered else " ".join(filter(None, (said, decline_content(verb, obj))))
     return {"role": "assistant", "content": content, "reasoning_content": sentences if thinking else None}
@@ -180,7 +188,8 @@ def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int |
     name, verb, obj = tools[pick]
     _, values, mentions = schemas[pick]
     decl = [declare_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
-    target = {**decided(verb, obj, name, True, thinking, style), "tool_calls": [tool_call(name, values)]}
+    target = {**decided(verb, obj, name, True, thinking, style, [t[0] for t in tools]),
+              "tool_calls": [tool_call(name, values)]}
     user = write_request(rng, verb, obj, mentions, style.form)
     return Sample("tool" if n == 1 else "choose", [{"role": "user", "content": user}],
                   target, {"tool": name, "arguments": values}, decl, thinking, draw_effort(rng, thinking))
@@ -225,7 +234,7 @@ def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Styl
     schemas = [make_schema(rng, rng.randint(1, leaves)) for _ in tools]
     _, _, mentions = make_schema(rng, rng.randint(1, leaves))
     decl = [declare_tool(t[0], t[1], t[2], s[0]) for t, s in zip(tools, schemas)]
-    target = decided(verb, obj, ask_name, False, thinking, style)
+    target = decided(verb, obj, ask_name, False, thinking, style, [t[0] for t in tools])
     user = write_request(rng, verb, obj, mentions, style.form)
     return Sample("decline", [{"role": "user", "content": user}], target, {"tool": None, "text": target["content"]},
                   decl, thinking, draw_effort(rng, thinking), meta={"asked": ask_name})
@@ -315,7 +324,7 @@ def make_followup(rng: random.Random, held_out: bool, thinking: bool, style: Sty
     result, ask = draw_result(rng, schema)
     user = ask_back(write_request(rng, verb, obj, mentions, style.form), ask, style.form)
     messages = [{"role": "user", "content": user},
-                {**decided(verb, obj, name, True, thinking, style), "tool_calls": [tool_call(name, values)]},
+                {**decided(verb, obj, name, True, thinking, style, [name]), "tool_calls": [tool_call(name, values)]},
                 tool_message(result)]
     target = answer_from(result, ask, thinking)
     return Sample("followup", messages, target, {"tool": None, "text": target["content"]},

@@ -139,6 +139,45 @@ def test_the_verdict_points_at_the_declared_name_or_at_the_start_for_a_decline()
     assert keyed.verdict_targets(ids, [(n, len(ids))]) == []
 
 
+def test_list_reasoning_points_the_verdict_at_the_list_and_the_list_at_the_declarations():
+    """With the "list" reasoning the verdict's name points at the same name in ``Tools that VERB: ...``, or at
+    position 0 when the list lacks it; the list's ``:`` and ``,`` point at the next listed name's first token
+    in the declarations, or at 0 before ``none``."""
+    tok = load_tokenizer()
+    assert [[int(i) for i in tok.encode(w)] for w in (" Tools", " that", ",", " none")] == \
+        [[keyed.TOOLS], [keyed.THAT], [keyed.COMMA], [keyed.NONE]]
+    style = tasks.Style("lines", "list", "decide")
+    seen = {"listed": 0, "none": 0, "several": 0}
+    for thinking in (True, False):
+        for seed in range(12):
+            for kind in ("choose", "tool", "decline"):
+                s = tasks.make(kind, random.Random(seed), thinking=thinking, style=style)
+                ids, n = encode_sample(s, tok)
+                targets = keyed.verdict_targets(ids, [(n, len(ids))])
+                name = s.expected["tool"] or s.meta["asked"]
+                verb = name.split("_", 1)[0]
+                listed = [t["function"]["name"] for t in s.tools if t["function"]["name"].split("_", 1)[0] == verb]
+                verdicts = [(t, src) for t, src in targets if ids[t + 1] in (keyed.DOES, keyed.IS)]
+                (t, sources), = verdicts
+                if kind == "decline":
+                    assert sources == [0] and name not in listed
+                else:  # the list's copy of the name, inside the answer, at its last token
+                    (j,) = sources
+                    m = len(tok.encode(name))
+                    assert n <= j < t and tok.decode(ids[j - m + 1:j + 1]) == " " + name
+                steps = [(p, src) for p, src in targets if (p, src) not in verdicts]
+                assert [ids[p] for p, _ in steps] == [keyed.COLON] + [keyed.COMMA] * (len(listed) - 1) if listed \
+                    else [ids[p] for p, _ in steps] == [keyed.COLON]
+                if not listed:
+                    assert steps[0][1] == [0]
+                    seen["none"] += 1
+                for (p, (j,)), listed_name in zip(steps, listed):
+                    assert j < n and tok.decode(ids[j:j + len(tok.encode(listed_name))]) == listed_name
+                    seen["listed"] += 1
+                seen["several"] += len(listed) > 1
+    assert all(seen.values()), seen
+
+
 def test_describe_points_at_the_offered_tools_description_or_at_the_start_for_a_decline():
     tok = load_tokenizer()
     assert [[int(i) for i in tok.encode(w)] for w in (" wants", " to", " the", ".", " this")] == \
