@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from k3serve.train import data, pools, tasks
+from k3serve.train import data, pools, sessions, tasks
 from k3serve.train.render import STOP_ID, encode_sample, parse_output, prompt_ids
 from k3serve.train.tok import load_tokenizer
 
@@ -263,6 +263,31 @@ def test_check_reasoning_names_the_tool_that_would_do_it():
         assert t.target["reasoning_content"].endswith(f" The tool {t.expected['tool']} does that.")
     plain = tasks.make("decline", random.Random(1), thinking=True)
     assert plain.target["reasoning_content"].endswith(" No tool does that.")
+
+
+def test_list_reasoning_lists_the_offered_tools_with_the_asked_verb():
+    """``reasoning="list"``: between the request and the verdict, ``Tools that VERB:`` and the offered tools
+    with that verb in declaration order, or ``none``; sessions and follow-ups too. Without the offer it is an
+    error, not a silent "none"."""
+    rng, style = random.Random(5), tasks.Style("lines", "list", "decide")
+    shapes = set()
+    for kind in ("tool", "choose", "decline", "followup", "session") * 12:
+        s = tasks.make(kind, rng, thinking=True, style=style) if kind != "session" else \
+            sessions.make(rng, style=style)
+        offer = [t["function"]["name"] for t in s.tools]
+        for m in [*s.messages, s.target]:
+            said = m.get("reasoning_content") or ""
+            if "Tools that" not in said:
+                continue
+            verb = said.split("Tools that ")[1].split(":")[0]
+            listed = [n for n in offer if n.split("_", 1)[0] == verb]
+            asked = said.split("The tool ")[1].split(" ")[0]
+            assert f"Tools that {verb}: {', '.join(listed) or 'none'}. The tool {asked} " in said
+            assert said.endswith("does that." if asked in listed else "is not offered.")
+            shapes.add((kind, len(listed)))
+    assert {("decline", 0), ("decline", 1), ("choose", 1), ("choose", 2), ("tool", 1)} <= shapes, shapes
+    with pytest.raises(ValueError, match="offered tools"):
+        tasks.decided("convert", "road", "convert_road", True, True, style)
 
 
 def test_assign_reasoning_writes_the_name_as_the_call_does():
