@@ -222,7 +222,7 @@ def test_the_miss_loss_is_minus_log_of_the_mass_off_the_wrong_candidates(model):
 
 def test_step_loss_supervises_the_lookups_in_values_and_the_types():
     tok = load_tokenizer()
-    s = tasks.make("tool", random.Random(2), style=tasks.SHIPPED)
+    s = tasks.make("tool", random.Random(2), style=tasks.Style("lines", "check", "decide", "restate"))
     e = data.Encoded("tool", *encode_sample(s, tok))
     full = ModelConfig.from_file(DEFAULT_CONFIG)
     vocab = CompactVocab(set(e.ids), full.text.vocab_size)

@@ -8,6 +8,8 @@ from k3serve.train.keyed import answer_keys, key_targets, name_targets, type_tar
 from k3serve.train.render import encode_sample
 from k3serve.train.tok import load_tokenizer
 
+CHECK = tasks.Style("lines", "check", "decide", "restate")  # the verdict and name pointers as the check reasoning has them
+
 
 def test_the_format_token_ids_are_the_kimi_tokenizers():
     tok = load_tokenizer()
@@ -96,7 +98,7 @@ def test_a_calls_name_points_at_the_reasoning_and_the_declaration():
     tok = load_tokenizer()
     for thinking in (True, False):
         for seed in range(4):
-            s = tasks.make("choose", random.Random(seed), thinking=thinking, style=tasks.SHIPPED)
+            s = tasks.make("choose", random.Random(seed), thinking=thinking, style=CHECK)
             ids, n = encode_sample(s, tok)
             (t, sources), = name_targets(ids, [(n, len(ids))])
             assert tok.decode(ids[t - 2:t + 1]) == 'call tool="'
@@ -120,7 +122,7 @@ def test_the_verdict_points_at_the_declared_name_or_at_the_start_for_a_decline()
     for thinking in (True, False):
         for seed in range(6):
             for kind in ("choose", "tool", "decline"):
-                s = tasks.make(kind, random.Random(seed), thinking=thinking, style=tasks.SHIPPED)
+                s = tasks.make(kind, random.Random(seed), thinking=thinking, style=CHECK)
                 ids, n = encode_sample(s, tok)
                 (t, sources), = keyed.verdict_targets(ids, [(n, len(ids))])
                 name = s.expected["tool"] or s.meta["asked"]
