@@ -152,6 +152,20 @@ def test_tool_leaves_widen_training_requests_and_leave_evaluations_alone(tok, mo
         data.CopyWarmup(tool_leaves=0)
 
 
+def _object_shares(tok, monkeypatch, warmup: data.CopyWarmup, kinds: tuple[str, ...]) -> list[tuple]:
+    """(kind, object_share) as the trainer's draw passes them to ``tasks.make``: one draw of each kind with
+    ``warmup``, then with the default warm-up."""
+    seen: list[tuple] = []
+    real = tasks.make
+    monkeypatch.setattr(tasks, "make", lambda kind, rng, **kw: seen.append((kind, kw.get("object_share"))) or
+                        real(kind, rng, **kw))
+    for w in (warmup, data.CopyWarmup()):
+        for kind in kinds:
+            mix = {k: float(k == kind) for k in data.MIX}
+            assert data.draw(random.Random(1), tok, 1.0, w, mix=mix).kind == kind
+    return seen
+
+
 def test_decline_object_asks_for_a_tool_sharing_an_offered_tools_object(tok, monkeypatch):
     """``object_share`` 1: every decline asks for an unoffered tool whose object an offered tool has, on the
     requested side of the name split; 0 (evaluations) draws exactly what it drew before."""
@@ -166,14 +180,7 @@ def test_decline_object_asks_for_a_tool_sharing_an_offered_tools_object(tok, mon
             assert asked.split("_", 1)[1] in {n.split("_", 1)[1] for n in offered}
             assert s.expected["text"].endswith(f"the {asked.split('_', 1)[1]}.")
     # the trainer's draw passes it to declines only, and only when set
-    seen = []
-    real = tasks.make
-    monkeypatch.setattr(tasks, "make", lambda kind, rng, **kw: seen.append((kind, kw.get("object_share"))) or
-                        real(kind, rng, **kw))
-    for warmup in (data.CopyWarmup(decline_object=0.5), data.CopyWarmup()):
-        for kind in ("decline", "choose"):
-            mix = {k: float(k == kind) for k in data.MIX}
-            assert data.draw(random.Random(1), tok, 1.0, warmup, mix=mix).kind == kind
+    seen = _object_shares(tok, monkeypatch, data.CopyWarmup(decline_object=0.5), ("decline", "choose"))
     assert seen == [("decline", 0.5), ("choose", None), ("decline", None), ("choose", None)]
     with pytest.raises(ValueError, match="decline_object"):
         data.CopyWarmup(decline_object=1.5)
@@ -193,14 +200,7 @@ def test_choose_object_offers_the_picked_tools_object_with_another_verb(tok, mon
             assert all(pools.is_held_out(n) == held_out for n in offered)
             verb, obj = picked.split("_", 1)
             assert any(n.split("_", 1)[1] == obj and n.split("_", 1)[0] != verb for n in offered)
-    seen = []
-    real = tasks.make
-    monkeypatch.setattr(tasks, "make", lambda kind, rng, **kw: seen.append((kind, kw.get("object_share"))) or
-                        real(kind, rng, **kw))
-    for warmup in (data.CopyWarmup(choose_object=0.5), data.CopyWarmup()):
-        for kind in ("choose", "decline", "tool"):
-            mix = {k: float(k == kind) for k in data.MIX}
-            assert data.draw(random.Random(1), tok, 1.0, warmup, mix=mix).kind == kind
+    seen = _object_shares(tok, monkeypatch, data.CopyWarmup(choose_object=0.5), ("choose", "decline", "tool"))
     assert seen == [("choose", 0.5), ("decline", None), ("tool", None),
                     ("choose", None), ("decline", None), ("tool", None)]
     with pytest.raises(ValueError, match="choose_object"):
