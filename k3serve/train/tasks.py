@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 from k3serve.train import pools
+# the offer and the decision sentences, re-exported: callers write ``tasks.decided``, ``tasks.draw_toolset``
+from k3serve.train.offer import (decided, decision_reasoning, decline_content, draw_toolset,  # noqa: F401
+                                 object_twin, same_object)
 # the styles, re-exported: callers write ``tasks.Style``, ``tasks.SHIPPED``
 from k3serve.train.styles import (FORMS, NOTHINKS, PLAIN, REASONINGS, RECALLS, SHIPPED,  # noqa: F401
                                   STYLED_KINDS, Style)
@@ -119,61 +122,12 @@ def write_request(rng: random.Random, verb: str, obj: str, mentions: list[tuple[
                        f"{verb.capitalize()} the {obj}: {m}.", f"Can you {verb} the {obj}? {m}."))
 
 
-def draw_toolset(rng: random.Random, held_out: bool, n: int) -> list[tuple[str, str, str]]:
-    """n distinct tools; later ones often share the first one's verb or object (hard negatives)."""
-    first = pools.tool_name(rng, held_out)
-    out = [first]
-    while len(out) < n:
-        name, verb, obj = pools.tool_name(rng, held_out)
-        if rng.random() < 0.5:
-            verb = first[1] if rng.random() < 0.5 else verb
-            obj = first[2] if verb != first[1] else obj
-            name = f"{verb}_{obj}"
-            if pools.is_held_out(name) != held_out:
-                continue
-        if all((verb, obj) != (v, o) for _, v, o in out) and all(name != n_ for n_, _, _ in out):
-            out.append((name, verb, obj))
-    return out
-
-
 def draw_effort(rng: random.Random, thinking: bool) -> str | None:
     return rng.choice(EFFORTS) if thinking else None
 
 
 def tool_call(name: str, args: dict[str, Any], k: int = 1) -> dict[str, Any]:
     return {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
-
-
-def decision_reasoning(verb: str, obj: str, name: str, offered: bool, style: Style = PLAIN,
-                       offer: Sequence[str] | None = None) -> str:
-    """The one-sentence-a-step reasoning before a call (``offered``) or a decline of tool ``name``; ``offer``
-    (the offered tools' names, in declaration order) is needed by the "list" reasoning."""
-    tool = f'The tool="{name}"' if style.reasoning == "assign" else f"The tool {name}"
-    if offered:
-        verdict = f"{tool} does that."
-    else:
-        verdict = "No tool does that." if style.reasoning == "plain" else f"{tool} is not offered."
-    if style.reasoning == "list":
-        if offer is None:
-            raise ValueError("the list reasoning needs the offered tools")
-        listed = [n for n in offer if n.split("_", 1)[0] == verb]  # tool names are verb_object
-        verdict = f"Tools that {verb}: {', '.join(listed) or 'none'}. {verdict}"
-    return f"The user wants to {verb} the {obj}. {verdict}"
-
-
-def decline_content(verb: str, obj: str) -> str:
-    return f"None of the available tools can {verb} the {obj}."
-
-
-def decided(verb: str, obj: str, name: str, offered: bool, thinking: bool, style: Style = PLAIN,
-            offer: Sequence[str] | None = None) -> dict[str, Any]:
-    """The assistant message of a call (``offered``: without ``tool_calls``, the caller adds them) or a decline:
-    the decision sentences go to the reasoning when thinking, to the content's start with ``nothink``
-    "decide", nowhere otherwise."""
-    sentences = decision_reasoning(verb, obj, name, offered, style, offer)
-    said = "" if thinking or style.nothink == "bare" else sentences
-    content = said if offered else " ".join(filter(None, (said, decline_content(verb, obj))))
-    return {"role": "assistant", "content": content, "reasoning_content": sentences if thinking else None}
 
 
 def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int | None = None,
@@ -202,23 +156,6 @@ def make_choose(rng: random.Random, held_out: bool, thinking: bool, style: Style
     that ``make_decline``'s ``object_share`` asks for, so that its presence does not tell a decline apart."""
     return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4), style=style, leaves=leaves,
                      object_share=object_share)
-
-
-def object_twin(rng: random.Random, held_out: bool, tool: tuple[str, str, str],
-                taken: list[tuple[str, str, str]]) -> tuple[str, str, str]:
-    """A tool with ``tool``'s object and another verb, none of ``taken`` (on ``held_out``'s side of the split)."""
-    _, _, obj = tool
-    while True:
-        verb = rng.choice(pools.VERBS)
-        name = f"{verb}_{obj}"
-        if pools.is_held_out(name) == held_out and all(name != n for n, _, _ in taken):
-            return name, verb, obj
-
-
-def same_object(rng: random.Random, held_out: bool, offered: list[tuple[str, str, str]]) -> tuple[str, str, str]:
-    """A tool that is not offered but shares its object with an offered one (``set_road`` when ``share_road`` is
-    offered): the hard negative that only the verb tells apart."""
-    return object_twin(rng, held_out, rng.choice(offered), offered)
 
 
 def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN,
