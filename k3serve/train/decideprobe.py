@@ -27,6 +27,7 @@ from k3serve.train import tasks
 from k3serve.train.forward import train_forward
 from k3serve.train.grow import add_source_arguments, open_source
 from k3serve.train.render import encode_sample
+from k3serve.train.styles import add_style_arguments, style_of
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.vocab import CompactVocab
 
@@ -84,19 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     add_source_arguments(p)
     p.add_argument("--n", type=int, default=15, help="held-out tasks per kind and thinking mode")
     p.add_argument("--seed", type=int, default=99, help="task seed (never a training seed)")
-    p.add_argument("--form", choices=tasks.FORMS, default=tasks.SHIPPED.form,
-                   help="the model's --request-form (default: the shipped model's)")
-    p.add_argument("--reasoning", choices=tasks.REASONINGS, default=tasks.SHIPPED.reasoning,
-                   help="the model's --reasoning (default: the shipped model's)")
-    p.add_argument("--nothink", choices=tasks.NOTHINKS, default=tasks.SHIPPED.nothink,
-                   help="the model's --nothink (default: the shipped model's)")
+    add_style_arguments(p)
     args = p.parse_args(argv)
     if args.n < 1:
         p.error("--n must be >= 1")
     if (opened := open_source(args)) is None:
         return 2
     model, vocab, label = opened
-    res = probe(model, vocab, load_tokenizer(), tasks.Style(args.form, args.reasoning, args.nothink), args.n, args.seed)
+    res = probe(model, vocab, load_tokenizer(), style_of(args), args.n, args.seed)
     print(f"{label}: P(right branch) at the token where calling and declining part, held-out tasks")
     for (kind, thinking), ps in res.items():
         mean = sum(ps) / len(ps) if ps else float("nan")

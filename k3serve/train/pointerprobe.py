@@ -25,6 +25,7 @@ from k3serve.train import induction, tasks
 from k3serve.train.forward import train_forward
 from k3serve.train.grow import add_source_arguments, open_source
 from k3serve.train.render import encode_sample
+from k3serve.train.styles import add_style_arguments, style_of
 from k3serve.train.tok import load_tokenizer
 from k3serve.train.vocab import CompactVocab
 
@@ -70,13 +71,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="which supervision's targets to read (default: describe_attn)")
     p.add_argument("--n", type=int, default=20, help="held-out tasks per group")
     p.add_argument("--seed", type=int, default=11, help="task seed (never a training seed)")
+    add_style_arguments(p)
     args = p.parse_args(argv)
     if args.n < 1:
         p.error("--n must be >= 1")
     if (opened := open_source(args)) is None:
         return 2
     model, vocab, label = opened
-    res = probe(model, vocab, load_tokenizer(), args.pointer, args.n, args.seed)
+    res = probe(model, vocab, load_tokenizer(), args.pointer, args.n, args.seed, style_of(args))
     print(f"{label}: {args.pointer} head {induction.KINDS[args.pointer][2]}, mass on the sources per MLA layer")
     for group, per_layer in res.items():
         print(f"  {group:8s} " + " / ".join(f"{m:.2f}" for m in per_layer))

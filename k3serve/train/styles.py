@@ -3,6 +3,7 @@ answer says and how a recall answer copies. A run trains in one style; its evalu
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 # How a request writes the values to use: "inline" (``city "Paris"; unit "metric"``) or "lines" (one
@@ -56,3 +57,18 @@ class Style:
 
 PLAIN = Style()
 SHIPPED = Style("lines", "check", "decide", "restate")  # the shipped k3-default's (run wx16): evaluations and probes default to it
+
+
+def add_style_arguments(p: argparse.ArgumentParser) -> None:
+    """A probe's ``--form``, ``--reasoning`` and ``--nothink``: the style the probed model was trained in
+    (default: the shipped model's); ``style_of`` reads them back."""
+    p.add_argument("--form", choices=FORMS, default=SHIPPED.form,
+                   help="the model's --request-form (default: the shipped model's)")
+    p.add_argument("--reasoning", choices=REASONINGS, default=SHIPPED.reasoning,
+                   help="the model's --reasoning (default: the shipped model's)")
+    p.add_argument("--nothink", choices=NOTHINKS, default=SHIPPED.nothink,
+                   help="the model's --nothink (default: the shipped model's)")
+
+
+def style_of(args: argparse.Namespace) -> Style:
+    return Style(args.form, args.reasoning, args.nothink, SHIPPED.recall)
