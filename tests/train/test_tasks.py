@@ -488,3 +488,17 @@ def test_assoc_samples_lengthen_with_the_curriculum():
     kinds = {data.draw(random.Random(s), None, 0.0, data.CopyWarmup(induce_until=1.0, assoc=0.5), pool=pool).kind
              for s in range(40)}
     assert kinds == {"assoc", "induce"}
+
+
+def test_probe_style_arguments_default_to_the_shipped_style():
+    import argparse
+
+    from k3serve.train.styles import add_style_arguments, style_of
+
+    p = argparse.ArgumentParser()
+    add_style_arguments(p)
+    assert style_of(p.parse_args([])) == tasks.SHIPPED
+    assert style_of(p.parse_args(["--reasoning", "list", "--form", "inline"])) == \
+        tasks.Style("inline", "list", tasks.SHIPPED.nothink, tasks.SHIPPED.recall)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--reasoning", "long"])
