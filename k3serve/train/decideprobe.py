@@ -25,7 +25,7 @@ from torch import nn
 
 from k3serve.train import tasks
 from k3serve.train.forward import train_forward
-from k3serve.train.grow import add_source_arguments, open_source
+from k3serve.train.grow import add_source_arguments, add_task_arguments, parse_source
 from k3serve.train.render import encode_sample
 from k3serve.train.styles import add_style_arguments, style_of
 from k3serve.train.tok import load_tokenizer
@@ -83,13 +83,10 @@ def probe(model: nn.Module, vocab: CompactVocab, tokenizer, style: tasks.Style, 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m k3serve.train.decideprobe", description=__doc__.splitlines()[0])
     add_source_arguments(p)
-    p.add_argument("--n", type=int, default=15, help="held-out tasks per kind and thinking mode")
-    p.add_argument("--seed", type=int, default=99, help="task seed (never a training seed)")
+    add_task_arguments(p, 15, 99, "held-out tasks per kind and thinking mode")
     add_style_arguments(p)
-    args = p.parse_args(argv)
-    if args.n < 1:
-        p.error("--n must be >= 1")
-    if (opened := open_source(args)) is None:
+    args, opened = parse_source(p, argv)
+    if opened is None:
         return 2
     model, vocab, label = opened
     res = probe(model, vocab, load_tokenizer(), style_of(args), args.n, args.seed)

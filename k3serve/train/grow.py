@@ -75,6 +75,21 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="model config (default: the checkpoint's, or the snapshot's)")
 
 
+def add_task_arguments(p: argparse.ArgumentParser, n: int, seed: int, n_help: str) -> None:
+    """A probe's ``--n`` (held-out tasks, at least 1: ``parse_source`` checks) and task ``--seed``."""
+    p.add_argument("--n", type=int, default=n, help=n_help)
+    p.add_argument("--seed", type=int, default=seed, help="task seed (never a training seed)")
+
+
+def parse_source(p: argparse.ArgumentParser, argv: list[str] | None
+                 ) -> tuple[argparse.Namespace, tuple[nn.Module, CompactVocab, str] | None]:
+    """A probe's parsed arguments (``--n`` below 1 is a usage error) and ``open_source``'s answer for them."""
+    args = p.parse_args(argv)
+    if args.n < 1:
+        p.error("--n must be >= 1")
+    return args, open_source(args)
+
+
 def open_source(args: argparse.Namespace) -> tuple[nn.Module, CompactVocab, str] | None:
     """``open_model`` for a probe's parsed arguments, with a label ("runs/x step 425") for its report; on a
     bad source, one line on stderr and None. Probes run on one thread (a tiny model's forwards gain nothing

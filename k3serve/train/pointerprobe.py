@@ -23,7 +23,7 @@ from torch import nn
 
 from k3serve.train import induction, tasks
 from k3serve.train.forward import train_forward
-from k3serve.train.grow import add_source_arguments, open_source
+from k3serve.train.grow import add_source_arguments, add_task_arguments, parse_source
 from k3serve.train.render import encode_sample
 from k3serve.train.styles import add_style_arguments, style_of
 from k3serve.train.tok import load_tokenizer
@@ -69,13 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     add_source_arguments(p)
     p.add_argument("--pointer", default="describe_attn", choices=sorted(induction.KINDS),
                    help="which supervision's targets to read (default: describe_attn)")
-    p.add_argument("--n", type=int, default=20, help="held-out tasks per group")
-    p.add_argument("--seed", type=int, default=11, help="task seed (never a training seed)")
+    add_task_arguments(p, 20, 11, "held-out tasks per group")
     add_style_arguments(p)
-    args = p.parse_args(argv)
-    if args.n < 1:
-        p.error("--n must be >= 1")
-    if (opened := open_source(args)) is None:
+    args, opened = parse_source(p, argv)
+    if opened is None:
         return 2
     model, vocab, label = opened
     res = probe(model, vocab, load_tokenizer(), args.pointer, args.n, args.seed, style_of(args))
