@@ -255,10 +255,9 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
         # declines too (else how many values a request lists tells them apart); only when widened, so that a
         # default run keeps declines at tasks.DECLINE_LEAVES and draws what it drew before
         kwargs["leaves"] = warmup.tool_leaves
-    if kind == "decline" and warmup.decline_object:  # only when set, so a default run draws what it drew before
-        kwargs["object_share"] = warmup.decline_object
-    if kind == "choose" and warmup.choose_object:
-        kwargs["object_share"] = warmup.choose_object
+    # only when set, so a default run draws what it drew before
+    if object_share := {"decline": warmup.decline_object, "choose": warmup.choose_object}.get(kind):
+        kwargs["object_share"] = object_share
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
     s = sessions.make(rng, style=style) if kind == "session" else tasks.make(kind, rng, style=style, **kwargs)

@@ -165,8 +165,9 @@ def verdict_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_
             first = unspaced(ids[u + 1])
             if v is None or first is None:
                 continue
-            name, m, t = [first, *ids[u + 2:v]], v - u - 1, v - 1
-            listed = [j + m - 1 for j in range(a, u - m) if list(ids[j:j + m]) == list(ids[u + 1:v])]
+            said, m, t = list(ids[u + 1:v]), v - u - 1, v - 1  # the name as the reasoning wrote it
+            name = [first, *said[1:]]
+            listed = [j + m - 1 for j in range(a, u - m) if list(ids[j:j + m]) == said]
             sources = listed or [j + m - 1 for j in range(a - m + 1) if ids[j] == first and list(ids[j:j + m]) == name]
             if not sources and ids[v] == IS:
                 sources = [0]

@@ -36,6 +36,7 @@ def make_session(rng: random.Random, held_out: bool, thinking: bool, style: Styl
     absent = tools.pop()  # shares a verb or an object with an offered tool half the time: a hard negative
     schemas = [tasks.make_schema(rng, rng.randint(1, 4)) for _ in tools]
     decl = [tasks.declare_tool(*tool, schema) for tool, (schema, _, _) in zip(tools, schemas)]
+    offer = [tool[0] for tool in tools]
     # which tools are asked for, in order; index n_offered is the absent one (asked at most once)
     asked = rng.sample(range(n_offered + 1), rng.randint(turns[0], min(turns[1], n_offered + 1)))
     messages: list[dict] = []
@@ -45,7 +46,7 @@ def make_session(rng: random.Random, held_out: bool, thinking: bool, style: Styl
         if pick == n_offered:
             name, verb, obj = absent
             _, _, mentions = tasks.make_schema(rng, rng.randint(1, 3))
-            reply = tasks.decided(verb, obj, name, False, thinking, style, [t[0] for t in tools])
+            reply = tasks.decided(verb, obj, name, False, thinking, style, offer)
             messages += [{"role": "user", "content": tasks.write_request(rng, verb, obj, mentions, style.form)}, reply]
             expected = {"tool": None, "text": reply["content"]}
             continue
@@ -56,8 +57,7 @@ def make_session(rng: random.Random, held_out: bool, thinking: bool, style: Styl
             request = tasks.ask_back(request, ask, style.form)
         call = tasks.tool_call(name, values, k)
         messages += [{"role": "user", "content": request},
-                     {**tasks.decided(verb, obj, name, True, thinking, style, [t[0] for t in tools]),
-                      "tool_calls": [call]}]
+                     {**tasks.decided(verb, obj, name, True, thinking, style, offer), "tool_calls": [call]}]
         if more:
             messages += [tasks.tool_message(result, k), tasks.answer_from(result, ask, thinking)]
         expected = {"tool": name, "arguments": values}
