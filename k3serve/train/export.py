@@ -66,6 +66,19 @@ def load_params(model: nn.Module, vocab: CompactVocab, path: Path) -> None:
             p.copy_(tensors[n])
 
 
+def snapshot_shifts(path: Path) -> int:
+    """How many KDA context heads (``split_shifts``) the run of a compact snapshot set up: its metadata, else
+    its run's ``train_log.json`` (snapshots written before the metadata had it), else 0."""
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+    if "split_shifts" in meta:
+        return int(meta["split_shifts"])
+    log = path.parent.parent / "train_log.json"
+    if log.is_file():
+        return int(json.loads(log.read_text()).get("config", {}).get("split_shifts", 0))
+    return 0
+
+
 def load_compact(config_path: Path, vocab: CompactVocab, path: Path) -> nn.Module:
     """The training model of a compact snapshot."""
     model = build_model(compact_config(ModelConfig.from_file(config_path), vocab))

@@ -73,17 +73,18 @@ SHIFT_DECAY = 0.5  # each further previous token writes the second half at half 
 
 
 @torch.no_grad()
-def context_heads(kda: KimiDeltaAttention, shifts: int, half: int) -> None:
+def context_heads(kda: KimiDeltaAttention, shifts: int, half: int, start: int = 0) -> None:
     """Heads 0..shifts-1 of ``kda`` as previous-token heads for x_{t-1}, x_{t-2}, ...: each value reads
     dims [0, half) of its token and each output adds into dims [half, 2 half) with gain SPLIT_GAIN x
     SHIFT_DECAY^h. With shifts > 1 the second half holds the tokens before, most recent first, so an MLA key
     can match a context of several tokens: a call's next key is the token after the *value just written*
-    (and the separator), which one previous token (a separator) does not single out."""
+    (and the separator), which one previous token (a separator) does not single out. Heads below ``start``
+    are left as they are (a continued run that already has them)."""
     K = kda.head_dim
     n = min(K, half)
     if not 1 <= shifts <= min(kda.num_heads, kda.conv_size - 1):
         raise ValueError(f"split shifts must be 1..{min(kda.num_heads, kda.conv_size - 1)}, got {shifts}")
-    for h in range(shifts):
+    for h in range(start, shifts):
         _previous_token_head(kda, h, shift=h + 1)
         rows = slice(h * K, (h + 1) * K)
         kda.v_proj.weight[rows] = 0.0

@@ -34,7 +34,7 @@ from k3serve.layers.moe import MoEGate
 from k3serve.models.kimi import build_model
 from k3serve.train import data, induction, keyed, parallel
 from k3serve.train.config import TrainConfig, add_arguments
-from k3serve.train.export import compact_config, export, load_params, save_compact
+from k3serve.train.export import compact_config, export, load_params, save_compact, snapshot_shifts
 from k3serve.train.forward import train_forward
 from k3serve.train.grow import import_checkpoint
 from k3serve.train.init import context_heads, init_for_training
@@ -146,6 +146,24 @@ def probe_losses(model: nn.Module, vocab: CompactVocab, probe: list[data.Encoded
     return {"probe_loss_float": round(float_loss, 4), "probe_loss_mxfp4": round(mxfp4_loss, 4)}
 
 
+def training_model(cfg: TrainConfig, full: ModelConfig, vocab: CompactVocab) -> nn.Module:
+    """The compact model a run starts from: initialised, then ``init_from`` loaded, then the KDA context heads
+    (``split_shifts``) the source lacks."""
+    model = build_model(compact_config(full, vocab))
+    init_for_training(model, cfg.seed, cfg.embed_std, cfg.mla_init_std, cfg.prev_token_init, cfg.split_residual)
+    if cfg.init_from and Path(cfg.init_from).is_dir():
+        import_checkpoint(model, vocab, Path(cfg.init_from))
+    elif cfg.init_from:
+        load_params(model, vocab, Path(cfg.init_from))
+    # After any import, and only the heads the source lacks: a continued snapshot's context heads have trained
+    # on, and setting them again reset wx21 (loss 11 at its step 25) instead of continuing wx20.
+    have = snapshot_shifts(Path(cfg.init_from)) if cfg.init_from and Path(cfg.init_from).is_file() else 0
+    if cfg.split_shifts > have:
+        first_kda = next(m for m in model.modules() if isinstance(m, KimiDeltaAttention))
+        context_heads(first_kda, cfg.split_shifts, full.text.hidden_size // 2, start=have)
+    return model
+
+
 def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[nn.Module, CompactVocab, list[dict]]:
     """Train on this rank's share of the batches (``tokens_per_step`` per rank and step)."""
     torch.manual_seed(cfg.seed)
@@ -154,15 +172,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     torch.set_flush_denormal(True)  # decayed weights and states in the denormal range slow CPU math many-fold
     full = ModelConfig.from_file(cfg.config)
     vocab = CompactVocab(data.inventory(tokenizer, cfg.seed + 1, style=cfg.style), full.text.vocab_size)
-    model = build_model(compact_config(full, vocab))
-    init_for_training(model, cfg.seed, cfg.embed_std, cfg.mla_init_std, cfg.prev_token_init, cfg.split_residual)
-    if cfg.init_from and Path(cfg.init_from).is_dir():
-        import_checkpoint(model, vocab, Path(cfg.init_from))
-    elif cfg.init_from:
-        load_params(model, vocab, Path(cfg.init_from))
-    if cfg.split_shifts:  # after any import: a run may continue a checkpoint with more context heads
-        first_kda = next(m for m in model.modules() if isinstance(m, KimiDeltaAttention))
-        context_heads(first_kda, cfg.split_shifts, full.text.hidden_size // 2)
+    model = training_model(cfg, full, vocab)
     model.to(cfg.device)
     if rank == 0:  # first, so compact snapshots are usable while the run goes on
         (cfg.out / "used_ids.json").write_text(json.dumps(vocab.ids))
@@ -209,7 +219,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
             if rank == 0:
                 print(json.dumps(entry), flush=True)
         if rank == 0 and cfg.save_every and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps):
-            save_compact(model, cfg.out / "compact" / f"step_{step + 1}.safetensors", {"config": str(cfg.config)})
+            save_compact(model, cfg.out / "compact" / f"step_{step + 1}.safetensors", {"config": str(cfg.config), "split_shifts": str(cfg.split_shifts)})
             write_log(cfg, vocab, log)
     log.append({"step": cfg.steps, "final": probe_losses(model, vocab, probe)})
     if rank == 0:

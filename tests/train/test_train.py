@@ -121,6 +121,35 @@ def test_continuing_a_run_loads_its_snapshot_and_checks_the_vocabulary(setup, tm
         load_params(fresh, vocab, snap)
 
 
+def test_a_continued_run_keeps_the_snapshots_context_heads(setup, tmp_path):
+    """training_model sets up only the KDA context heads a snapshot's run did not have: setting them again
+    over trained ones reset a continued run (wx21)."""
+    import json
+
+    from k3serve.train.train import training_model
+
+    _, vocab, _ = setup
+    full = ModelConfig.from_file(DEFAULT_CONFIG)
+    cfg = TrainConfig(out=tmp_path, split_residual=True, split_shifts=2)
+    model = training_model(cfg, full, vocab)
+    with torch.no_grad():  # as if trained on: every parameter moved
+        for p in model.parameters():
+            p.add_(0.01)
+    want = {n: p.detach().clone() for n, p in model.named_parameters()}
+    (tmp_path / "used_ids.json").write_text(json.dumps(vocab.ids))
+    tagged = save_compact(model, tmp_path / "compact" / "step_5.safetensors", {"split_shifts": "2"})
+    untagged = save_compact(model, tmp_path / "compact" / "step_6.safetensors")  # older snapshots: no metadata
+    (tmp_path / "train_log.json").write_text(json.dumps({"config": {"split_shifts": "2"}}))
+    for snap in (tagged, untagged):
+        again = training_model(dataclasses.replace(cfg, init_from=str(snap)), full, vocab)
+        assert all(torch.equal(p, want[n]) for n, p in again.named_parameters()), snap.name
+    # a snapshot of a run without them gets them, in the first (KDA) layer and nowhere else
+    (tmp_path / "train_log.json").write_text(json.dumps({"config": {"split_shifts": "0"}}))
+    grown = dict(training_model(dataclasses.replace(cfg, init_from=str(untagged)), full, vocab).named_parameters())
+    changed = [n for n, p in grown.items() if not torch.equal(p, want[n])]
+    assert changed and all(n.startswith("language_model.model.layers.0.self_attn.") for n in changed), changed
+
+
 def test_export_cli_writes_a_snapshot_step(setup, tmp_path, capsys):
     import json
 
