@@ -22,6 +22,7 @@ class TrainConfig:
     out: Path
     config: Path = DEFAULT_CONFIG
     seed: int = 0
+    data_seed: int = -1
     steps: int = 900
     tokens_per_step: int = 4096
     lr: float = 3e-3
@@ -78,6 +79,8 @@ class TrainConfig:
         for name in ("steps", "tokens_per_step", "threads", "workers", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.data_seed < -1:
+            raise ValueError("data_seed must be >= 0, or -1 for --seed")
         if self.split_shifts < 0:
             raise ValueError("split_shifts must be >= 0")
         if self.lookup_in not in ("all", "values"):
@@ -127,6 +130,8 @@ class TrainConfig:
 HELP = {
     "config": "model config of the full-vocabulary model to train (HF K3 config.json)",
     "seed": "seed of the data, the init and the run (same seed, workers, threads -> same run)",
+    "data_seed": "seed of the training batches alone (-1: --seed); a run continued from a snapshot keeps the "
+                 "snapshot's --seed (its vocabulary) and draws batches it has not seen with another",
     "steps": "optimizer steps",
     "tokens_per_step": "tokens per step and per worker (whole samples, packed)",
     "lr": "peak AdamW learning rate",

@@ -187,7 +187,8 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     qat_step = int(cfg.qat_from * cfg.steps)
     # On a GPU the host is the bottleneck: the batches are drawn in a helper process, ahead of the steps.
     draw = data.batches if cfg.device == "cpu" else data.prefetched
-    stream = draw(tokenizer, vocab, seed=cfg.seed + 2 + 1000 * rank, steps=cfg.steps,
+    data_seed = cfg.seed if cfg.data_seed < 0 else cfg.data_seed
+    stream = draw(tokenizer, vocab, seed=data_seed + 2 + 1000 * rank, steps=cfg.steps,
                   tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=cfg.copy_warmup,
                   progress_from=cfg.progress_from, history=cfg.history_frac, mix=cfg.task_mix,
                   style=cfg.style)

@@ -177,6 +177,8 @@ def test_config_validation():
         TrainConfig(out=".", device="cuda", workers=2)
     with pytest.raises(ValueError, match="no compact snapshot or checkpoint directory"):
         TrainConfig(out=".", init_from="/nonexistent/step_1.safetensors")
+    with pytest.raises(ValueError, match="data_seed"):
+        TrainConfig(out=".", data_seed=-2)
     with pytest.raises(ValueError, match="progress_from"):
         TrainConfig(out=".", progress_from=1.5)
     with pytest.raises(ValueError, match="copy warm-up share"):
@@ -407,3 +409,11 @@ def test_train_runs_its_loop_and_writes_snapshots(tmp_path):
     assert "probe_loss_mxfp4" in log[-1]["final"]
     biases = [m.e_score_correction_bias for m in model.modules() if hasattr(m, "e_score_correction_bias")]
     assert biases and any(b.abs().sum() > 0 for b in biases)  # the loads moved the router biases
+    # continued from its snapshot (same --seed: same vocabulary), --data-seed draws other batches
+    snap = str(tmp_path / "compact" / "step_2.safetensors")
+    first = {}
+    for d in (-1, 0, 7):
+        (tmp_path / f"c{d}").mkdir()
+        again = dataclasses.replace(cfg, out=tmp_path / f"c{d}", init_from=snap, steps=1, save_every=0, data_seed=d)
+        first[d] = next(e["loss"] for e in train(again, load_tokenizer())[2] if "loss" in e)
+    assert first[-1] == first[0] != first[7]
