@@ -177,7 +177,8 @@ HELP = {
     "reasoning": "how a decline's reasoning decides: plain ('No tool does that.') or check (names the tool that "
                  "would do it, then 'is not offered', as a call's reasoning names the tool it calls) or assign (check, with "
                  "the name written as the call writes it: 'The tool=\"get_weather\" does that.') or list (check, after "
-                 "'Tools that VERB: ...' lists the offered tools with the asked verb, or none)",
+                 "'Tools that VERB: ...' lists the offered tools with the asked verb, or none) or quote (check, with the name "
+                 "in quotes as declared: 'The tool \"get_weather\" does that.')",
     "nothink": "what tool, choose and decline answers say without thinking: bare (a call's content is empty) or "
                "decide (the content opens with the reasoning's sentences, so the name comes before the decision)",
     "recall_form": "how recall lists write records and the answer copies one: passage ('Record 237: \"w1 ...\"', "

@@ -3,7 +3,7 @@ answers part ways.
 
 A decline and a call share their first tokens (in thinking mode ``The user wants to <verb> the <object>.``),
 then part: `` No`` against `` The`` (reasoning ``plain``), `` is`` against `` does`` after the tool's name
-(reasoning ``check`` or ``assign``), or, without thinking, the content's first token against the call's (with
+(any reasoning but ``plain``), or, without thinking, the content's first token against the call's (with
 ``nothink`` ``decide``, the content opens with those sentences and they part where the reasoning would). For
 held-out decline, single-tool and choose tasks this probe builds the other branch's answer, finds the first
 token where the two encodings differ, and reports P(right) / (P(right) + P(other)) there. A model that has not
@@ -38,7 +38,7 @@ KINDS = ("decline", "object", "tool", "choose")
 
 def other_branch(s: tasks.Sample, style: tasks.Style) -> dict:
     """The assistant message of the branch ``s`` does not take: a call of the first offered tool for a
-    decline (with ``check`` or ``assign`` reasoning, of the asked tool: the reasoning names it either way), a
+    decline (with any reasoning but ``plain``, of the asked tool: the reasoning names it either way), a
     decline for a call."""
     asked = s.meta["asked"] if s.kind == "decline" else s.expected["tool"]
     verb, obj = asked.split("_", 1)  # tool names are verb_object

@@ -43,6 +43,7 @@ OPEN, CLOSE = 163587, 163588  # <|open|> and <|close|> of the K3 format
 ARGUMENT, RESPONSE = 47185, 12092  # "argument" and "response" after <|open|> (Kimi vocabulary)
 STRUCTURED = frozenset({"tool", "choose", "decline", "json", "followup", "session"})  # tasks with prose answers
 KEY, ASSIGN, QUOTE, TYPE, COLON = 2355, 878, 1, 1798, 25  # ' key', '="', '"', ' type', ':'
+OPEN_QUOTE = 414  # ' "' (``The tool "close_payment" does that.``: the name's tokens then as declared)
 CALL, TOOL = 10257, 4453  # 'call' after <|open|>, ' tool' (``<|open|>call tool="NAME"``)
 THE, DOES, IS = (1008, 646), 2354, 387  # 'The' / ' The', ' does', ' is' (``The tool NAME does that.``)
 WANTS, TO, THE_, PERIOD, THIS = 11333, 308, 276, 13, 566  # ' wants', ' to', ' the', '.', ' this'
@@ -152,7 +153,7 @@ def unspaced(tok_id: int) -> int | None:
 def verdict_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = LOOKUP_SOURCES,
                     only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
     """``(t, sources)`` for each ``The tool NAME does``/``is`` of the answers (the ``check`` reasoning, in the
-    reasoning or the content), t at NAME's last token: the last token of each earlier NAME as written (the
+    reasoning or the content; the ``quote`` reasoning's: ``_quoted_verdict``), t at NAME's last token: the last token of each earlier NAME as written (the
     first token without its space: the declarations' ``"name":"set_table"``), or ``[0]`` where there is none
     and the verdict is `` is`` (not offered: a fixed place to look when the offer lacks the name). ``only``
     is accepted for the common signature; the verdict is never inside a value."""
@@ -160,6 +161,9 @@ def verdict_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_
     for a, b in sorted(answers):
         for u in range(max(a, 1), b - 2):
             if ids[u] != TOOL or ids[u - 1] not in THE or ids[u + 1] == ASSIGN:
+                continue
+            if ids[u + 1] == OPEN_QUOTE:
+                out += _quoted_verdict(ids, u, b, max_sources)
                 continue
             v = next((i for i in range(u + 2, min(b, u + 10)) if ids[i] in (DOES, IS)), None)
             first = unspaced(ids[u + 1])
@@ -175,6 +179,24 @@ def verdict_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_
                 out.append((t, sources))
         out += list_targets(ids, a, b, max_sources)
     return out
+
+
+def _quoted_verdict(ids: Sequence[int], u: int, b: int, max_sources: int) -> list[tuple[int, list[int]]]:
+    """The "quote" reasoning's ``The tool "NAME" does``/``is`` (`` tool`` at u): t at the closing quote, where
+    the verdict comes next, pointing at the token after each earlier NAME (the declarations' ``","`` after
+    ``"name":"NAME``), or ``[0]`` where there is none and the verdict is `` is``. The three tokens before t
+    are then NAME's last three, the same ids as before each source: the verb two back from the object is
+    written alike on both sides (the "check" reasoning's `` convert`` and the declarations' ``convert`` are
+    two ids)."""
+    v = next((i for i in range(u + 3, min(b, u + 12)) if ids[i] in (DOES, IS)), None)
+    if v is None or ids[v - 1] != QUOTE or v - 1 == u + 2:
+        return []
+    name, t = list(ids[u + 2:v - 1]), v - 1
+    m = len(name)
+    sources = [j + m for j in range(u + 2 - m + 1) if list(ids[j:j + m]) == name]
+    if not sources and ids[v] == IS:
+        sources = [0]
+    return [(t, sources)] if 0 < len(sources) <= max_sources else []
 
 
 def list_targets(ids: Sequence[int], a: int, b: int, max_sources: int = LOOKUP_SOURCES) -> list[tuple[int, list[int]]]:

@@ -51,7 +51,7 @@ def decision_reasoning(verb: str, obj: str, name: str, offered: bool, style: Sty
                        offer: Sequence[str] | None = None) -> str:
     """The one-sentence-a-step reasoning before a call (``offered``) or a decline of tool ``name``; ``offer``
     (the offered tools' names, in declaration order) is needed by the "list" reasoning."""
-    tool = f'The tool="{name}"' if style.reasoning == "assign" else f"The tool {name}"
+    tool = {"assign": f'The tool="{name}"', "quote": f'The tool "{name}"'}.get(style.reasoning, f"The tool {name}")
     if offered:
         verdict = f"{tool} does that."
     else:

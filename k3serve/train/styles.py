@@ -19,8 +19,11 @@ FORMS = ("inline", "lines")
 # that lists the offered tools with the asked verb (``Tools that convert: convert_lamp.``, or ``none``): a name
 # is three tokens with the verb two back from the last, so "check" asks one position to match two tokens
 # (wx16 called ``convert_road`` with ``share_road`` offered in 14 of 17 such declines); listed, each step
-# matches one: the verb at the list's start, the object at the verdict's name.
-REASONINGS = ("plain", "check", "assign", "list")
+# matches one: the verb at the list's start, the object at the verdict's name. "quote" is "check" with the name
+# in quotes (``The tool "convert_road" is not offered.``): `` "`` then the name's tokens as the declarations
+# write them (``convert`` ``_`` ``road``), so at the closing quote the tokens one to three back are the same ids
+# as before the declarations' ``","`` after the name, verb included.
+REASONINGS = ("plain", "check", "assign", "list", "quote")
 # What a tool, choose or decline answer says without thinking: "bare" (a call has empty content, a decline says
 # only ``None of the available tools can ...``) or "decide": the content opens with the sentences the reasoning
 # would hold (``The user wants to ... The tool close_payment is not offered.``), so the tool's name is written

@@ -141,6 +141,29 @@ def test_the_verdict_points_at_the_declared_name_or_at_the_start_for_a_decline()
     assert keyed.verdict_targets(ids, [(n, len(ids))]) == []
 
 
+def test_quote_reasoning_points_the_verdict_after_the_declared_name():
+    """With the "quote" reasoning (``The tool "NAME" does``) t is the closing quote and a source the token after
+    the declared NAME, so the three tokens before each are NAME's last three; a decline points at 0."""
+    tok = load_tokenizer()
+    assert [int(i) for i in tok.encode(' "')] == [keyed.OPEN_QUOTE]
+    style = tasks.Style("lines", "quote", "decide")
+    for thinking in (True, False):
+        for seed in range(6):
+            for kind in ("choose", "tool", "decline"):
+                s = tasks.make(kind, random.Random(seed), thinking=thinking, style=style)
+                ids, n = encode_sample(s, tok)
+                (t, sources), = keyed.verdict_targets(ids, [(n, len(ids))])
+                name = s.expected["tool"] or s.meta["asked"]
+                m = len(tok.encode(name))
+                assert t >= n and tok.decode(ids[t - m - 1:t + 1]) == f' "{name}"'
+                assert ids[t + 1] == (keyed.IS if kind == "decline" else keyed.DOES)
+                if kind == "decline":
+                    assert sources == [0]
+                else:
+                    (j,) = sources
+                    assert j < n and ids[j - m:j] == ids[t - m:t] and tok.decode(ids[j - m:j]) == name
+
+
 def test_list_reasoning_points_the_verdict_at_the_list_and_the_list_at_the_declarations():
     """With the "list" reasoning the verdict's name points at the same name in ``Tools that VERB: ...``, or at
     position 0 when the list lacks it; the list's ``:`` and ``,`` point at the next listed name's first token
