@@ -115,26 +115,33 @@ def test_a_calls_name_points_at_the_reasoning_and_the_declaration():
             assert name_targets(ids, [(n, len(ids))], spell=True, only={t + 2}) == spelled[:1]
 
 
+def _verdicts(tok, style: tasks.Style):
+    """Each choose, tool and decline sample of six seeds, thinking and not, in ``style`` with its one verdict
+    target: (kind, ids, t, sources, the asked name, its token count)."""
+    for thinking in (True, False):
+        for seed in range(6):
+            for kind in ("choose", "tool", "decline"):
+                s = tasks.make(kind, random.Random(seed), thinking=thinking, style=style)
+                ids, n = encode_sample(s, tok)
+                (t, sources), = keyed.verdict_targets(ids, [(n, len(ids))])
+                name = s.expected["tool"] or s.meta["asked"]
+                assert t >= n and ids[t + 1] == (keyed.IS if kind == "decline" else keyed.DOES)
+                assert all(j < n for j in sources)
+                yield kind, ids, t, sources, name, len(tok.encode(name))
+
+
 def test_the_verdict_points_at_the_declared_name_or_at_the_start_for_a_decline():
     tok = load_tokenizer()
     assert [tok.encode(w) for w in ("The", " The", " does", " is")] == [[keyed.THE[0]], [keyed.THE[1]],
                                                                         [keyed.DOES], [keyed.IS]]
-    for thinking in (True, False):
-        for seed in range(6):
-            for kind in ("choose", "tool", "decline"):
-                s = tasks.make(kind, random.Random(seed), thinking=thinking, style=CHECK)
-                ids, n = encode_sample(s, tok)
-                (t, sources), = keyed.verdict_targets(ids, [(n, len(ids))])
-                name = s.expected["tool"] or s.meta["asked"]
-                m = len(tok.encode(name))
-                # t: the reasoning's name, its last token, the verdict next
-                assert tok.decode(ids[t - m + 1:t + 1]) == " " + name and t >= n
-                assert ids[t + 1] == (keyed.IS if kind == "decline" else keyed.DOES)
-                if kind == "decline":  # the offer lacks the name, hard negatives share its verb or object
-                    assert sources == [0]
-                else:  # one declaration, as written, at its last token
-                    (j,) = sources
-                    assert j < n and tok.decode(ids[j - m + 1:j + 1]) == name
+    for kind, ids, t, sources, name, m in _verdicts(tok, CHECK):
+        # t: the reasoning's name, its last token, the verdict next
+        assert tok.decode(ids[t - m + 1:t + 1]) == " " + name
+        if kind == "decline":  # the offer lacks the name, hard negatives share its verb or object
+            assert sources == [0]
+        else:  # one declaration, as written, at its last token
+            (j,) = sources
+            assert tok.decode(ids[j - m + 1:j + 1]) == name
     # the plain reasoning names no tool: nothing to point from
     plain = tasks.make("decline", random.Random(0), thinking=True, style=tasks.Style("lines", "plain", "decide"))
     ids, n = encode_sample(plain, tok)
@@ -146,22 +153,13 @@ def test_quote_reasoning_points_the_verdict_after_the_declared_name():
     the declared NAME, so the three tokens before each are NAME's last three; a decline points at 0."""
     tok = load_tokenizer()
     assert [int(i) for i in tok.encode(' "')] == [keyed.OPEN_QUOTE]
-    style = tasks.Style("lines", "quote", "decide")
-    for thinking in (True, False):
-        for seed in range(6):
-            for kind in ("choose", "tool", "decline"):
-                s = tasks.make(kind, random.Random(seed), thinking=thinking, style=style)
-                ids, n = encode_sample(s, tok)
-                (t, sources), = keyed.verdict_targets(ids, [(n, len(ids))])
-                name = s.expected["tool"] or s.meta["asked"]
-                m = len(tok.encode(name))
-                assert t >= n and tok.decode(ids[t - m - 1:t + 1]) == f' "{name}"'
-                assert ids[t + 1] == (keyed.IS if kind == "decline" else keyed.DOES)
-                if kind == "decline":
-                    assert sources == [0]
-                else:
-                    (j,) = sources
-                    assert j < n and ids[j - m:j] == ids[t - m:t] and tok.decode(ids[j - m:j]) == name
+    for kind, ids, t, sources, name, m in _verdicts(tok, tasks.Style("lines", "quote", "decide")):
+        assert tok.decode(ids[t - m - 1:t + 1]) == f' "{name}"'
+        if kind == "decline":
+            assert sources == [0]
+        else:
+            (j,) = sources
+            assert ids[j - m:j] == ids[t - m:t] and tok.decode(ids[j - m:j]) == name
 
 
 def test_list_reasoning_points_the_verdict_at_the_list_and_the_list_at_the_declarations():
