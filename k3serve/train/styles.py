@@ -59,7 +59,7 @@ class Style:
 
 
 PLAIN = Style()
-SHIPPED = Style("lines", "check", "decide", "restate")  # the shipped k3-default's (run wx16): evaluations and probes default to it
+SHIPPED = Style("lines", "check", "decide", "restate")  # the shipped k3-default's (run wx26): evaluations and probes default to it
 
 
 def add_style_arguments(p: argparse.ArgumentParser) -> None:
