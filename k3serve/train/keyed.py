@@ -153,8 +153,9 @@ def unspaced(tok_id: int) -> int | None:
 def verdict_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max_sources: int = LOOKUP_SOURCES,
                     only: Container[int] | None = None) -> list[tuple[int, list[int]]]:
     """``(t, sources)`` for each ``The tool NAME does``/``is`` of the answers (the ``check`` reasoning, in the
-    reasoning or the content; the ``quote`` reasoning's: ``_quoted_verdict``), t at NAME's last token: the last token of each earlier NAME as written (the
-    first token without its space: the declarations' ``"name":"set_table"``), or ``[0]`` where there is none
+    reasoning or the content; the ``quote`` reasoning's in ``_quoted_verdict``), t at NAME's last token: the
+    last token of each earlier NAME as written (the first token without its space: the declarations'
+    ``"name":"set_table"``), or ``[0]`` where there is none
     and the verdict is `` is`` (not offered: a fixed place to look when the offer lacks the name). ``only``
     is accepted for the common signature; the verdict is never inside a value."""
     out: list[tuple[int, list[int]]] = []

@@ -151,13 +151,14 @@ def training_model(cfg: TrainConfig, full: ModelConfig, vocab: CompactVocab) -> 
     (``split_shifts``) the source lacks."""
     model = build_model(compact_config(full, vocab))
     init_for_training(model, cfg.seed, cfg.embed_std, cfg.mla_init_std, cfg.prev_token_init, cfg.split_residual)
-    if cfg.init_from and Path(cfg.init_from).is_dir():
-        import_checkpoint(model, vocab, Path(cfg.init_from))
-    elif cfg.init_from:
-        load_params(model, vocab, Path(cfg.init_from))
+    source, have = Path(cfg.init_from) if cfg.init_from else None, 0
+    if source is not None and source.is_dir():
+        import_checkpoint(model, vocab, source)
+    elif source is not None:
+        load_params(model, vocab, source)
+        have = snapshot_shifts(source)
     # After any import, and only the heads the source lacks: a continued snapshot's context heads have trained
     # on, and setting them again reset wx21 (loss 11 at its step 25) instead of continuing wx20.
-    have = snapshot_shifts(Path(cfg.init_from)) if cfg.init_from and Path(cfg.init_from).is_file() else 0
     if cfg.split_shifts > have:
         first_kda = next(m for m in model.modules() if isinstance(m, KimiDeltaAttention))
         context_heads(first_kda, cfg.split_shifts, full.text.hidden_size // 2, start=have)
@@ -220,7 +221,8 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
             if rank == 0:
                 print(json.dumps(entry), flush=True)
         if rank == 0 and cfg.save_every and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps):
-            save_compact(model, cfg.out / "compact" / f"step_{step + 1}.safetensors", {"config": str(cfg.config), "split_shifts": str(cfg.split_shifts)})
+            meta = {"config": str(cfg.config), "split_shifts": str(cfg.split_shifts)}
+            save_compact(model, cfg.out / "compact" / f"step_{step + 1}.safetensors", meta)
             write_log(cfg, vocab, log)
     log.append({"step": cfg.steps, "final": probe_losses(model, vocab, probe)})
     if rank == 0:
