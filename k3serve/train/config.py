@@ -24,6 +24,7 @@ class TrainConfig:
     seed: int = 0
     data_seed: int = -1
     steps: int = 900
+    stop_after: int = 0
     tokens_per_step: int = 4096
     lr: float = 3e-3
     warmup: int = 30
@@ -79,6 +80,8 @@ class TrainConfig:
         for name in ("steps", "tokens_per_step", "threads", "workers", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if not 0 <= self.stop_after <= self.steps:
+            raise ValueError(f"stop_after must be in [0, steps={self.steps}]")
         if self.data_seed < -1:
             raise ValueError("data_seed must be >= 0, or -1 for --seed")
         if self.split_shifts < 0:
@@ -132,7 +135,9 @@ HELP = {
     "seed": "seed of the data, the init and the run (same seed, workers, threads -> same run)",
     "data_seed": "seed of the training batches alone (-1: --seed); a run continued from a snapshot keeps the "
                  "snapshot's --seed (its vocabulary) and draws batches it has not seen with another",
-    "steps": "optimizer steps",
+    "steps": "optimizer steps (the length of the learning-rate schedule and the curriculum)",
+    "stop_after": "end the run after this many of --steps, the schedule and the batches unchanged (0: all "
+                  "--steps); the run so far is exactly the first steps of the whole one",
     "tokens_per_step": "tokens per step and per worker (whole samples, packed)",
     "lr": "peak AdamW learning rate",
     "warmup": "steps of linear learning-rate warm-up (then cosine decay)",

@@ -195,7 +195,8 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
                   style=cfg.style)
     probe = next(data.batches(tokenizer, vocab, seed=cfg.seed + 3, steps=1, tokens_per_step=cfg.tokens_per_step,
                               style=cfg.style))
-    for step, batch in enumerate(stream):
+    last = cfg.stop_after or cfg.steps
+    for step, batch in zip(range(last), stream):  # range first: a stopped run draws no batch past its end
         if step == qat_step:
             log.append({"step": step, "before_qat": probe_losses(model, vocab, probe)})
             enable_qat(model)
@@ -211,7 +212,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
         tracker.update(cfg.bias_update, world)
         toks += sum(len(e.ids) for e in batch) * world
         window.append(loss.detach())  # read back once per log line, not once per step
-        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+        if (step + 1) % cfg.log_every == 0 or step + 1 == last:
             entry = {"step": step + 1, "loss": torch.stack(window).mean().item(), "tokens": toks,
                      "seconds": round(time.time() - t0, 1), "tok_per_s": round(toks / (time.time() - t0), 1),
                      "qat": step >= qat_step, "skipped": stats.get("skipped", 0),
@@ -220,11 +221,12 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
             log.append(entry)
             if rank == 0:
                 print(json.dumps(entry), flush=True)
-        if rank == 0 and cfg.save_every and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps):
+        if rank == 0 and cfg.save_every and ((step + 1) % cfg.save_every == 0 or step + 1 == last):
             meta = {"config": str(cfg.config), "split_shifts": str(cfg.split_shifts)}
             save_compact(model, cfg.out / "compact" / f"step_{step + 1}.safetensors", meta)
             write_log(cfg, vocab, log)
-    log.append({"step": cfg.steps, "final": probe_losses(model, vocab, probe)})
+    stream.close()  # a stopped run's prefetching helper (GPU) goes now, not at garbage collection
+    log.append({"step": last, "final": probe_losses(model, vocab, probe)})
     if rank == 0:
         print(json.dumps(log[-1]), flush=True)
     return model, vocab, log

@@ -417,3 +417,24 @@ def test_train_runs_its_loop_and_writes_snapshots(tmp_path):
         again = dataclasses.replace(cfg, out=tmp_path / f"c{d}", init_from=snap, steps=1, save_every=0, data_seed=d)
         first[d] = next(e["loss"] for e in train(again, load_tokenizer())[2] if "loss" in e)
     assert first[-1] == first[0] != first[7]
+
+
+def test_stop_after_ends_a_run_as_the_first_steps_of_the_whole_one(tmp_path):
+    """``--stop-after`` keeps the schedule and batches of ``--steps``: its last snapshot equals the whole run's
+    snapshot at that step, and it goes no further."""
+    from safetensors.torch import load_file
+
+    from k3serve.train.train import lr_at, train
+
+    whole = TrainConfig(out=tmp_path / "whole", steps=3, tokens_per_step=256, log_every=1, save_every=1, warmup=0)
+    assert lr_at(whole, 1) != lr_at(dataclasses.replace(whole, steps=2), 1)  # a 2-step schedule would differ
+    stopped = dataclasses.replace(whole, out=tmp_path / "stopped", stop_after=2)
+    for cfg in (whole, stopped):
+        cfg.out.mkdir()
+        log = train(cfg, load_tokenizer())[2]
+    assert [e["step"] for e in log if "loss" in e] == [1, 2] and log[-1]["step"] == 2
+    assert sorted(p.name for p in (stopped.out / "compact").iterdir()) == ["step_1.safetensors", "step_2.safetensors"]
+    a, b = (load_file(c.out / "compact" / "step_2.safetensors") for c in (whole, stopped))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="stop_after"):
+        TrainConfig(out=".", steps=3, stop_after=4)
