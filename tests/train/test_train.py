@@ -179,6 +179,8 @@ def test_config_validation():
         TrainConfig(out=".", init_from="/nonexistent/step_1.safetensors")
     with pytest.raises(ValueError, match="data_seed"):
         TrainConfig(out=".", data_seed=-2)
+    with pytest.raises(ValueError, match="stop_after"):
+        TrainConfig(out=".", steps=3, stop_after=4)
     with pytest.raises(ValueError, match="progress_from"):
         TrainConfig(out=".", progress_from=1.5)
     with pytest.raises(ValueError, match="copy warm-up share"):
@@ -436,5 +438,3 @@ def test_stop_after_ends_a_run_as_the_first_steps_of_the_whole_one(tmp_path):
     assert sorted(p.name for p in (stopped.out / "compact").iterdir()) == ["step_1.safetensors", "step_2.safetensors"]
     a, b = (load_file(c.out / "compact" / "step_2.safetensors") for c in (whole, stopped))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    with pytest.raises(ValueError, match="stop_after"):
-        TrainConfig(out=".", steps=3, stop_after=4)
