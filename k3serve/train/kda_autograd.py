@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from k3serve.ops import registry
+from k3serve.ops.kda.intra import FLOOR
 from k3serve.ops.kda.validate import check_prefill, default_scale
 
 CHUNK = 64
@@ -28,6 +29,13 @@ CHUNK = 64
 MAX_EXP = 80.0
 # Sub-block of the in-chunk terms when a chunk decays too far to factor through one reference (see _intra).
 SUB = 16
+
+
+def _decay(exponent: torch.Tensor) -> torch.Tensor:
+    """exp(max(x, -FLOOR)) for an exponent x <= 0, as the serving kernel floors its decays (``ops/kda/intra.py``):
+    the floored part is below fp32 resolution of what it is added to, and exp of anything under ~-87 takes
+    a slow path on CPU (~90x slower per element than in range: half the KDA exps of a training step)."""
+    return exponent.clamp(min=-FLOOR).exp()
 
 
 def _intra(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, g_min: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,8 +84,8 @@ def _intra_blocked(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, g_min:
         col_qk, col_kk = [above, d_qk[:, :, jb]], [above, d_kk[:, :, jb]]
         if e < C:  # rows after block jb [M, H, C - e, *]
             ref = gamma[..., e - 1 : e, :]
-            cols = k[..., a:e, :] * (ref - gamma[..., a:e, :]).exp()  # [M, H, S, K]
-            later = (gamma[..., e:, :] - ref).exp()
+            cols = k[..., a:e, :] * _decay(ref - gamma[..., a:e, :])  # [M, H, S, K]
+            later = _decay(gamma[..., e:, :] - ref)
             col_qk.append((q[..., e:, :] * later) @ cols.mT)
             col_kk.append((k[..., e:, :] * later) @ cols.mT)
         cols_qk.append(torch.cat(col_qk, 2))
@@ -120,13 +128,13 @@ def chunk_kda_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     gamma = gc.cumsum(2)  # [M, H, C, K]
     a_qk, a_kk = _intra(qc * scale, kc, gamma, float(g.detach().min()) if g.numel() else 0.0)
     lhs = torch.eye(C, device=q.device) + bc * a_kk  # unit lower-triangular
-    exp_g = gamma.exp()
+    exp_g = _decay(gamma)
     wu = torch.linalg.solve_triangular(lhs, torch.cat([bc * exp_g * kc, bc * vc], -1), upper=False,
                                        unitriangular=True)
     w, u = wu[..., :K], wu[..., K:]
     q_dec = scale * exp_g * qc
-    k_suf_t = ((gamma[..., -1:, :] - gamma).exp() * kc).mT  # [M, H, K, C]
-    chunk_dec = gamma[..., -1, :].exp().unsqueeze(-1)  # [M, H, K, 1]
+    k_suf_t = (_decay(gamma[..., -1:, :] - gamma) * kc).mT  # [M, H, K, C]
+    chunk_dec = _decay(gamma[..., -1, :]).unsqueeze(-1)  # [M, H, K, 1]
 
     # Sequences ranked by chunk count: the ones still running at step n are a prefix of the ranking. The
     # chunk tensors are put in step-major order once (step 0's chunks of every sequence, then step 1's ...)

@@ -32,21 +32,36 @@ def segmented_expert_combine(u: torch.Tensor, weights: torch.Tensor, ids: torch.
     order = flat.argsort(stable=True)
     counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
     x = u.index_select(0, order.div(k, rounding_mode="floor"))  # [N·k, D], expert runs in ascending order
-    y = u.new_empty(flat.numel(), w2.shape[1])
-    start = 0
-    for e, c in enumerate(counts):
-        if c:
-            # each GEMM runs in the weights' dtype with its result cast back to u's, as in the grouped form
-            h = torch.mm(x[start:start + c].to(w13t.dtype), w13t[e]).to(u.dtype)
-            a = glu(h[:, :inter], h[:, inter:])
-            # written in place (no temporary and copy per expert), except under autograd, which out= bypasses
-            if w2t.dtype == y.dtype and not torch.is_grad_enabled():
-                torch.mm(a, w2t[e], out=y[start:start + c])
-            else:
-                y[start:start + c] = torch.mm(a.to(w2t.dtype), w2t[e])
-            start += c
+    if torch.is_grad_enabled():
+        y = _runs_for_autograd(x, counts, w13t, w2t, glu, inter)
+    else:
+        y = u.new_empty(flat.numel(), w2.shape[1])
+        start = 0
+        for e, c in enumerate(counts):
+            if c:
+                # each GEMM runs in the weights' dtype with its result cast back to u's, as in the grouped form
+                h = torch.mm(x[start:start + c].to(w13t.dtype), w13t[e]).to(u.dtype)
+                a = glu(h[:, :inter], h[:, inter:])
+                if w2t.dtype == y.dtype:  # written in place: no temporary and copy per expert
+                    torch.mm(a, w2t[e], out=y[start:start + c])
+                else:
+                    y[start:start + c] = torch.mm(a.to(w2t.dtype), w2t[e])
+                start += c
     # back to (token, slot) order: sorted row j holds assignment order[j]
     picked = torch.empty(flat.numel(), y.shape[1], dtype=torch.float32, device=u.device)
     picked.index_copy_(0, order, y.float())
     picked.mul_(weights.reshape(-1, 1).float())
     return picked.view(N, k, -1).sum(1)
+
+
+def _runs_for_autograd(x: torch.Tensor, counts: list[int], w13t: torch.Tensor, w2t: torch.Tensor, glu: Glu,
+                       inter: int) -> torch.Tensor:
+    """The same GEMMs (so the same bits) laid out for autograd: the runs are ``split`` off and the results
+    joined with ``cat``, and the activation runs once over all rows. Slicing each run out and assigning it in
+    place costs a zero-filled full-size gradient per run in the backward, and a per-run activation a dozen
+    more ops per expert: in a training step (8 layers, 16 experts, ~7.6k rows) ~20% of the combine."""
+    hit = [e for e, c in enumerate(counts) if c]
+    sizes = [counts[e] for e in hit]
+    h = torch.cat([torch.mm(xe.to(w13t.dtype), w13t[e]) for xe, e in zip(x.split(sizes), hit)]).to(x.dtype)
+    a = glu(*h.split(inter, dim=1))
+    return torch.cat([torch.mm(ae.to(w2t.dtype), w2t[e]) for ae, e in zip(a.split(sizes), hit)]).to(x.dtype)
