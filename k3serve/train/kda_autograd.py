@@ -22,7 +22,11 @@ from k3serve.ops import registry
 from k3serve.ops.kda.intra import FLOOR
 from k3serve.ops.kda.validate import check_prefill, default_scale
 
-CHUNK = 64
+# 32, not the serving kernel's 64: a K3 gate (>= -5 a token) cannot decay a chunk of 32 by more than 2 MAX_EXP,
+# so _intra takes its two-matmul form; at 64 it needs the sub-blocked one, whose backward under autograd
+# ran ~4.5x its forward. A 1.7k-token training pack (6 sequences, H = 4, K = 32): 46.6 ms forward and
+# backward at 32, 68.4 at 64 (the state hand-off has twice the steps at 32, each cheap).
+CHUNK = 32
 
 
 # exp(x) for |x| <= MAX_EXP stays a normal fp32 number, and so does a product of two such factors.
