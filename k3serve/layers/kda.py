@@ -128,9 +128,11 @@ class KimiDeltaAttention(nn.Module):
             qkv, new_conv = registry.get("short_conv")(qkv.float(), conv_weight, conv_state=conv_state,
                                                        cu_seqlens=ctx.cu_seqlens)
             _store(conv_cache, rows, slots, new_conv.to(conv_cache.dtype))
-            # q and k are normalised together (same per-head math, half the ops)
-            qk = l2_normalize(qkv[:, : 2 * H * K].reshape(N, 2 * H, K), L2_EPS)
-            q, k, v = qk[:, :H], qk[:, H:], qkv[:, 2 * H * K:].float().reshape(N, H, K)
+            # q and k are normalised together (same per-head math, half the ops); split, not sliced: under
+            # autograd each slice's gradient is a zero-filled copy of the whole, a split's one concatenation
+            qk, v = qkv.split([2 * H * K, H * K], dim=1)
+            q, k = l2_normalize(qk.reshape(N, 2 * H, K), L2_EPS).split(H, dim=1)
+            v = v.float().reshape(N, H, K)
             g = kda_gate(self.f_b_proj(f).view(N, H, K), self.dt_bias, self.A_log, self.lower_bound)
             beta = torch.sigmoid(b.float())
             o, state = registry.get("kda_chunk")(q[None], k[None], v[None], g[None], beta[None],
