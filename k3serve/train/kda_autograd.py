@@ -9,7 +9,8 @@ Per chunk of C tokens and head, Gamma = in-chunk inclusive cumsum of g ``[C, K]`
   A_kk[r, j] = sum_c k_r k_j D (j < r);  A_qk[r, j] = scale sum_c q_r k_j D (j <= r)
   delta = (I + diag(beta) A_kk)^-1 diag(beta) (V - (exp(Gamma) k) S)
   O = scale (exp(Gamma) q) S + A_qk delta;   S <- exp(Gamma_C) S + (exp(Gamma_C - Gamma) k)^T delta
-The in-chunk terms are batched over all chunks; only the state hand-off loops over chunk steps. Each
+The in-chunk terms are batched over all chunks, including each chunk's hand-off written as one affine map of
+S; only applying those maps loops over chunk steps. Each
 sequence is cut into its own chunks (no padding to the longest), and the hand-off at step n advances only
 sequences with an n-th chunk.
 """
@@ -135,31 +136,41 @@ def chunk_kda_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     exp_g = _decay(gamma)
     wu = torch.linalg.solve_triangular(lhs, torch.cat([bc * exp_g * kc, bc * vc], -1), upper=False,
                                        unitriangular=True)
-    w, u = wu[..., :K], wu[..., K:]
-    q_dec = scale * exp_g * qc
-    k_suf_t = (_decay(gamma[..., -1:, :] - gamma) * kc).mT  # [M, H, K, C]
-    chunk_dec = _decay(gamma[..., -1, :]).unsqueeze(-1)  # [M, H, K, 1]
+    w, u = wu.split([K, V], -1)
+    last = gamma[..., -1:, :]  # [M, H, 1, K]
+    k_suf_t = (_decay(last - gamma) * kc).mT  # [M, H, K, C]
+    # Each chunk's state hand-off is one affine map, S' = A S + b, and its output O = Q' S + c, with
+    #   A = diag(exp(Gamma_C)) - k_suf^T W,  b = k_suf^T U,  Q' = scale q exp(Gamma) - A_qk W,  c = A_qk U,
+    # all batched over the chunks here: the sequential loop is then one baddbmm a step (it was five ops), and
+    # the outputs one batched product after it.
+    hand_a = torch.diag_embed(_decay(last[..., 0, :])) - k_suf_t @ w  # [M, H, K, K]
+    hand_b = k_suf_t @ u  # [M, H, K, V]
+    q_out = scale * exp_g * qc - a_qk @ w  # [M, H, C, K]
+    c_out = a_qk @ u  # [M, H, C, V]
 
     # Sequences ranked by chunk count: the ones still running at step n are a prefix of the ranking. The
     # chunk tensors are put in step-major order once (step 0's chunks of every sequence, then step 1's ...)
     # and split per step: each step then reads plain views, and the backward joins the steps' gradients in
-    # one cat, where per-step gathers cost a full-size zero-filled scatter each (and six more ops per step).
+    # one cat, where per-step gathers cost a full-size zero-filled scatter each.
     order = sorted(range(N), key=lambda i: -counts[i])
     active = [sum(1 for c in counts if c > n) for n in range(max(counts, default=0))]
     perm = torch.tensor([firsts[i] + n for n, a in enumerate(active) for i in order[:a]], device=q.device)
     # (chunk, head) pairs flattened into one batch dim, so each product is a single bmm / baddbmm
-    steps = [t.index_select(0, perm).flatten(0, 1).split([a * H for a in active])
-             for t in (u, w, q_dec, a_qk, chunk_dec, k_suf_t)]
+    steps_a, steps_b = (t.index_select(0, perm).flatten(0, 1).split([a * H for a in active])
+                        for t in (hand_a, hand_b))
     state = q.new_zeros(N, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
-    state = state[order].flatten(0, 1)  # [N * H, K, V]
-    outs = []
-    for a, u_n, w_n, q_n, aqk_n, dec_n, ks_n in zip(active, *steps):
-        s = state[:a * H]
-        delta = torch.baddbmm(u_n, w_n, s, alpha=-1.0)  # u - w S
-        outs.append(torch.baddbmm(torch.bmm(q_n, s), aqk_n, delta))  # q S + A_qk delta
-        state = torch.cat([torch.baddbmm(dec_n * s, ks_n, delta), state[a * H:]])
-    state = state.view(N, H, K, V)
-    o = torch.cat(outs).view(M, H, C, V)[perm.argsort()]  # back to chunk order [M, H, C, V]
+    state = state[order].flatten(0, 1)  # [N * H, K, V], ranking order
+    incoming, done = [], []  # each chunk's incoming state (step-major); the states of finished sequences
+    for a, a_n, b_n in zip(active, steps_a, steps_b):
+        if state.shape[0] > a * H:  # the lowest-ranked sequences have no n-th chunk: their states are final
+            done.append(state[a * H:])
+            state = state[:a * H]
+        incoming.append(state)
+        state = torch.baddbmm(b_n, a_n, state)
+    state = torch.cat([state, *reversed(done)]).view(N, H, K, V)
+    o = torch.baddbmm(c_out.index_select(0, perm).flatten(0, 1), q_out.index_select(0, perm).flatten(0, 1),
+                      torch.cat(incoming))
+    o = o.view(M, H, C, V)[perm.argsort()]  # back to chunk order [M, H, C, V]
     o = o.transpose(1, 2).reshape(M * C, H, V)[dst]
     final = torch.empty_like(state)
     final[order] = state
