@@ -180,7 +180,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "gate.weight" not in n]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2 or "gate.weight" in n]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+                             {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95), fused=True)
     tracker = LoadTracker(model)
     log: list[dict] = []
     stats: dict[str, int] = {}
