@@ -21,14 +21,18 @@ from k3serve.ops import registry
 from k3serve.ops.short_conv.validate import check_conv
 
 
-def _padded_rows(bounds: list[tuple[int, int]], h: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The padded row of every token ``[T]`` and of every state row ``[N * h]`` (sequence after sequence)."""
-    tokens, states, off = [], [], 0
+def _padded_rows(bounds: list[tuple[int, int]], h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded rows (sequence after sequence, each after its h state rows) of every token ``[T]``, of every
+    state row ``[N * h]`` and of each segment's last h rows ``[N * h]`` (its new state: older state shifted in
+    for sequences shorter than h)."""
+    tokens, states, lasts, off = [], [], [], 0
     for s, e in bounds:
+        end = off + h + e - s
         states.append(torch.arange(off, off + h))
-        tokens.append(torch.arange(off + h, off + h + e - s))
-        off += h + e - s
-    return torch.cat(tokens), torch.cat(states)
+        tokens.append(torch.arange(off + h, end))
+        lasts.append(torch.arange(end - h, end))
+        off = end
+    return torch.cat(tokens), torch.cat(states), torch.cat(lasts)
 
 
 class _PackedConv(torch.autograd.Function):
@@ -80,21 +84,12 @@ def packed_conv_train(x: torch.Tensor, weight: torch.Tensor, *, conv_state: torc
                       cu_seqlens: torch.Tensor | None = None, activation: str | None = "silu"
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     w, bounds = check_conv(x, weight, conv_state, cu_seqlens, activation)
-    T, C = x.shape
-    h = w.shape[1] - 1
-    rows, state_rows = _padded_rows(bounds, h)
-    rows, state_rows = rows.to(x.device), state_rows.to(x.device)
-    state = (torch.zeros(len(bounds), C, h, device=x.device) if conv_state is None
-             else conv_state.detach().float())
+    N, C, h = len(bounds), x.shape[1], w.shape[1] - 1
+    rows, state_rows, last = (t.to(x.device) for t in _padded_rows(bounds, h))
+    state = torch.zeros(N, C, h, device=x.device) if conv_state is None else conv_state.detach().float()
     y, padded = _PackedConv.apply(x.float(), w, state, rows, state_rows, activation == "silu")
-    if h == 0:
-        return y.to(x.dtype), x.new_zeros(len(bounds), C, 0, dtype=state.dtype if conv_state is None else conv_state.dtype)
-    # the new state: each segment's last h padded rows, just before the next segment's state rows (or the
-    # buffer's end); older state is shifted in for sequences shorter than h
-    seg_ends = torch.cat([state_rows.view(-1, h)[1:, 0], torch.tensor([padded.shape[0]], device=x.device)])
-    last = (seg_ends[:, None] - h + torch.arange(h, device=x.device)).flatten()
     state_dtype = conv_state.dtype if conv_state is not None else x.dtype
-    new_state = padded.detach().index_select(0, last).view(len(bounds), h, C).transpose(1, 2)
+    new_state = padded.detach().index_select(0, last).view(N, h, C).transpose(1, 2)
     return y.to(x.dtype), new_state.to(state_dtype).contiguous()
 
 
