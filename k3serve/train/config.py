@@ -54,6 +54,7 @@ class TrainConfig:
     tool_leaves: int = tasks.TOOL_LEAVES
     decline_object: float = 0.0
     choose_object: float = 0.0
+    hard_from: float = 0.0
     mix: str = ""
     request_form: str = "inline"
     reasoning: str = "plain"
@@ -127,7 +128,7 @@ class TrainConfig:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
                               self.recall_frac, self.induce_frac, self.induce_until, self.assoc_frac,
                               self.induce_long, self.lookup_objects, self.tool_leaves, self.decline_object,
-                              self.choose_object)
+                              self.choose_object, self.hard_from)
 
 
 HELP = {
@@ -174,6 +175,8 @@ HELP = {
     "choose_object": "fraction of the choices that offer, beside the picked tool, one with its object and another "
                      "verb (share_road beside convert_road), so that such a tool in the offer does not mean a "
                      "decline",
+    "hard_from": "curriculum progress from which --decline-object and --choose-object apply (0: throughout; "
+                 "run wx43, both 0.5 throughout, lost choices and declines alike)",
     "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "
            "lengthen, to keep its token share): e.g. recall=0,choose=0.3; defaults: "
            + ",".join(f"{k}={v}" for k, v in data.MIX.items()),

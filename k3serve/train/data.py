@@ -107,7 +107,8 @@ class CopyWarmup:
     choose requests have 1 to ``tool_leaves`` argument leaves (``tasks.TOOL_LEAVES`` in evaluations); when that
     is not the default, so have declines (evaluations: ``tasks.DECLINE_LEAVES``). A ``decline_object`` fraction
     of the declines ask for a tool that shares its object with an offered one (``tasks.make_decline``), a
-    ``choose_object`` fraction of the choices offer such a tool beside the picked one (``tasks.make_choose``)."""
+    ``choose_object`` fraction of the choices offer such a tool beside the picked one (``tasks.make_choose``),
+    both from curriculum progress ``hard_from`` on (0: throughout)."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
@@ -121,10 +122,11 @@ class CopyWarmup:
     tool_leaves: int = tasks.TOOL_LEAVES
     decline_object: float = 0.0
     choose_object: float = 0.0
+    hard_from: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("share", "until", "after", "lookup", "recall", "induce", "induce_until", "assoc",
-                     "lookup_objects", "decline_object", "choose_object"):
+                     "lookup_objects", "decline_object", "choose_object", "hard_from"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"copy warm-up {name} must be in [0, 1]")
         if self.induce_long < 0:
@@ -256,7 +258,8 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
         # default run keeps declines at tasks.DECLINE_LEAVES and draws what it drew before
         kwargs["leaves"] = warmup.tool_leaves
     # only when set, so a default run draws what it drew before
-    if object_share := {"decline": warmup.decline_object, "choose": warmup.choose_object}.get(kind):
+    object_share = {"decline": warmup.decline_object, "choose": warmup.choose_object}.get(kind)
+    if object_share and progress >= warmup.hard_from:
         kwargs["object_share"] = object_share
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]

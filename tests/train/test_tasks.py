@@ -207,6 +207,22 @@ def test_choose_object_offers_the_picked_tools_object_with_another_verb(tok, mon
         data.CopyWarmup(choose_object=-0.1)
 
 
+def test_hard_from_holds_the_object_shares_back_until_that_progress(tok, monkeypatch):
+    seen: list[tuple] = []
+    real = tasks.make
+    monkeypatch.setattr(tasks, "make", lambda kind, rng, **kw: seen.append((kind, kw.get("object_share"))) or
+                        real(kind, rng, **kw))
+    w = data.CopyWarmup(decline_object=0.5, choose_object=0.25, hard_from=0.75)
+    for progress in (0.5, 0.75, 1.0):
+        for kind in ("decline", "choose"):
+            mix = {k: float(k == kind) for k in data.MIX}
+            assert data.draw(random.Random(1), tok, progress, w, mix=mix).kind == kind
+    assert seen == [("decline", None), ("choose", None), ("decline", 0.5), ("choose", 0.25),
+                    ("decline", 0.5), ("choose", 0.25)]
+    with pytest.raises(ValueError, match="hard_from"):
+        data.CopyWarmup(hard_from=1.5)
+
+
 def _has(seq: list[int], part: list[int]) -> bool:
     return any(seq[i:i + len(part)] == part for i in range(len(seq) - len(part) + 1))
 
