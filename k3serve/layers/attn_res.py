@@ -11,7 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from k3serve.ops import registry
 
+
+@registry.register("attn_res_mix", "torch")
 def attn_res_mix(blocks: list[torch.Tensor], partial: torch.Tensor, proj_weight: torch.Tensor,
                  norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Mix ``blocks + [partial]`` (each ``[N, d]``) with the query ``proj_weight [1, d] ⊙ norm_weight [d]``."""

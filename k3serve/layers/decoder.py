@@ -14,11 +14,12 @@ from torch import nn
 
 from k3serve.core.config import TextConfig
 from k3serve.core.context import ForwardContext
-from k3serve.layers.attn_res import AttnResState, AttnResWeights, attn_res_mix
+from k3serve.layers.attn_res import AttnResState, AttnResWeights
 from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.mla import MLAttention
 from k3serve.layers.moe import GatedMLP, SparseMoE
 from k3serve.layers.norm import KimiRMSNorm
+from k3serve.ops import registry
 
 
 class DecoderLayer(nn.Module):
@@ -51,10 +52,11 @@ class DecoderLayer(nn.Module):
         return h + self.ffn(self.post_attention_layernorm(h))
 
     def forward_attn_res(self, state: AttnResState, ctx: ForwardContext) -> None:
-        h = attn_res_mix(state.blocks, state.partial, self.self_attention_res_proj.weight,
-                         self.self_attention_res_norm.weight, self.eps)
+        mix = registry.get("attn_res_mix")
+        h = mix(state.blocks, state.partial, self.self_attention_res_proj.weight,
+                self.self_attention_res_norm.weight, self.eps)
         if self.layer_idx % self.block_size == 0:
             state.snapshot()
         state.add(self.self_attn(self.input_layernorm(h), ctx))
-        h = attn_res_mix(state.blocks, state.partial, self.mlp_res_proj.weight, self.mlp_res_norm.weight, self.eps)
+        h = mix(state.blocks, state.partial, self.mlp_res_proj.weight, self.mlp_res_norm.weight, self.eps)
         state.add(self.ffn(self.post_attention_layernorm(h)))

@@ -10,11 +10,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from k3serve.ops import registry
+
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x²) + eps)`` over the last dim, in fp32."""
     xf = x.float()
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@registry.register("rms_norm", "torch")
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * rms_normalize(x, eps).to(x.dtype)
+
+
+@registry.register("gated_rms_norm", "torch")
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return (rms_normalize(x, eps) * weight.float() * torch.sigmoid(z.float())).to(x.dtype)
 
 
 class KimiRMSNorm(nn.Module):
@@ -24,7 +36,7 @@ class KimiRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * rms_normalize(x, self.eps).to(x.dtype)
+        return registry.get("rms_norm")(x, self.weight, self.eps)
 
 
 class GatedRMSNorm(nn.Module):
@@ -39,5 +51,4 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        y = rms_normalize(x, self.eps) * self.weight.float() * torch.sigmoid(z.float())
-        return y.to(x.dtype)
+        return registry.get("gated_rms_norm")(x, z, self.weight, self.eps)

@@ -15,10 +15,11 @@ from torch import nn
 
 from k3serve.core.config import ModelConfig, TextConfig
 from k3serve.core.context import ForwardContext
-from k3serve.layers.attn_res import AttnResState, AttnResWeights, attn_res_mix
+from k3serve.layers.attn_res import AttnResState, AttnResWeights
 from k3serve.layers.decoder import DecoderLayer
 from k3serve.layers.moe import RoutedExperts
 from k3serve.layers.norm import KimiRMSNorm
+from k3serve.ops import registry
 
 
 class KimiModel(nn.Module):
@@ -45,8 +46,8 @@ class KimiModel(nn.Module):
         state = AttnResState(h)
         for layer in self.layers:
             layer.forward_attn_res(state, ctx)
-        h = attn_res_mix(state.blocks, state.partial, self.output_attn_res_proj.weight,
-                         self.output_attn_res_norm.weight, self.cfg.rms_norm_eps)
+        h = registry.get("attn_res_mix")(state.blocks, state.partial, self.output_attn_res_proj.weight,
+                                         self.output_attn_res_norm.weight, self.cfg.rms_norm_eps)
         return self.norm(h)
 
 

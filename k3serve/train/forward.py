@@ -19,6 +19,7 @@ import k3serve.ops.kda  # noqa: F401  (registers the serving KDA ops the layers 
 import k3serve.ops.mla  # noqa: F401
 import k3serve.ops.short_conv  # noqa: F401
 import k3serve.train.conv_autograd  # noqa: F401  (registers short_conv/"train")
+import k3serve.train.fused  # noqa: F401  (registers rms_norm, gated_rms_norm, attn_res_mix, situ_and_mul/"train")
 import k3serve.train.kda_autograd  # noqa: F401  (registers kda_chunk/"train")
 from k3serve.core.context import ForwardContext, forward_context
 from k3serve.models.cache import allocate_caches, cache_spec
@@ -29,11 +30,12 @@ BLOCK = 64
 
 @contextlib.contextmanager
 def training_backend(device: torch.device) -> Iterator[None]:
-    """For the duration: ``kda_chunk`` in its differentiable form, ``short_conv`` with its hand-written
-    backward, and on a GPU the forms with the fewest ops (the host, launching them, bounds a GPU step of a
+    """For the duration: ``kda_chunk`` in its differentiable form, ``short_conv`` and the norms, AttnRes mixes
+    and SiTU of ``fused.py`` with their hand-written backwards, and on a GPU the forms with the fewest ops (the host, launching them, bounds a GPU step of a
     model this small): the bucketed packed MLA prefill (one SDPA per length bucket instead of a call per
     sequence) and the padded grouped expert combine; then restore the previous ones."""
-    chosen = {"kda_chunk": "train", "short_conv": "train"}
+    chosen = {"kda_chunk": "train", "short_conv": "train", "rms_norm": "train", "gated_rms_norm": "train",
+              "attn_res_mix": "train", "situ_and_mul": "train"}
     if device.type != "cpu":
         chosen["mla_prefill_packed"] = "bucketed"
         # under autograd the per-expert slices of the segmented form cost ~7k more ops on a 16k-token step
