@@ -31,9 +31,10 @@ BLOCK = 64
 @contextlib.contextmanager
 def training_backend(device: torch.device) -> Iterator[None]:
     """For the duration: ``kda_chunk`` in its differentiable form, ``short_conv`` and the norms, AttnRes mixes
-    and SiTU of ``fused.py`` with their hand-written backwards, and on a GPU the forms with the fewest ops (the host, launching them, bounds a GPU step of a
-    model this small): the bucketed packed MLA prefill (one SDPA per length bucket instead of a call per
-    sequence) and the padded grouped expert combine; then restore the previous ones."""
+    and SiTU of ``fused.py`` with their hand-written backwards, and on a GPU the forms with the fewest ops (the
+    host, launching them, bounds a GPU step of a model this small): the bucketed packed MLA prefill (one SDPA
+    per length bucket instead of a call per sequence) and the padded grouped expert combine; then restore the
+    previous ones."""
     chosen = {"kda_chunk": "train", "short_conv": "train", "rms_norm": "train", "gated_rms_norm": "train",
               "attn_res_mix": "train", "situ_and_mul": "train"}
     if device.type != "cpu":

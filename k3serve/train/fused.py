@@ -58,8 +58,7 @@ class _GatedRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        n, r, w, s = ctx.saved_tensors[:4]
-        nw = ctx.saved_tensors[4]
+        n, r, w, s, nw = ctx.saved_tensors
         gs = g * s
         dw = _rows(gs * n).sum(0) if ctx.needs_input_grad[2] else None
         # d sigmoid(z) = s (1 - s): dz = g nw s (1 - s)
