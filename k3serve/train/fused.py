@@ -52,17 +52,17 @@ class _GatedRMSNorm(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
         n, s = x * r, torch.sigmoid(z)
-        nw = n * w
-        ctx.save_for_backward(n, r, w, s, nw)
-        return nw * s
+        ctx.save_for_backward(n, r, w, s)
+        return n * w * s
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        n, r, w, s, nw = ctx.saved_tensors
+        n, r, w, s = ctx.saved_tensors
         gs = g * s
-        dw = _rows(gs * n).sum(0) if ctx.needs_input_grad[2] else None
-        # d sigmoid(z) = s (1 - s): dz = g nw s (1 - s)
-        dz = (g * nw).mul_(s).mul_(1.0 - s)
+        gn = g * n
+        dw = _rows(gn * s).sum(0) if ctx.needs_input_grad[2] else None
+        # d sigmoid(z) = s (1 - s): dz = g n w s (1 - s)
+        dz = gn.mul_(w).mul_(s).mul_(1.0 - s)
         return _rms_backward(gs.mul_(w), n, r), dz, dw, None
 
 
