@@ -26,6 +26,7 @@ class TrainConfig:
     steps: int = 900
     stop_after: int = 0
     tokens_per_step: int = 4096
+    pack_lookahead: float = 0.0
     lr: float = 3e-3
     warmup: int = 30
     min_lr_frac: float = 0.1
@@ -89,6 +90,8 @@ class TrainConfig:
             raise ValueError("split_shifts must be >= 0")
         if self.lookup_in not in ("all", "values"):
             raise ValueError(f"lookup_in must be 'all' or 'values', got {self.lookup_in!r}")
+        if self.pack_lookahead < 0:
+            raise ValueError("pack_lookahead must be >= 0")
         if self.save_every < 0:
             raise ValueError("save_every must be >= 0")
         if not 0.0 <= self.qat_from <= 1.0:
@@ -140,6 +143,10 @@ HELP = {
     "stop_after": "end the run after this many of --steps, the schedule and the batches unchanged (0: all "
                   "--steps); the run so far is exactly the first steps of the whole one",
     "tokens_per_step": "tokens per step and per worker (whole samples, packed)",
+    "pack_lookahead": "pack each batch from a pool of drawn samples holding this many batches' tokens (oldest "
+                      "first, then each later one that fits): nearly full batches of nearly equal length, so the "
+                      "workers wait less for each other (0: in the order drawn, a batch ends at the first sample "
+                      "that does not fit)",
     "lr": "peak AdamW learning rate",
     "warmup": "steps of linear learning-rate warm-up (then cosine decay)",
     "min_lr_frac": "final learning rate as a fraction of --lr",

@@ -299,29 +299,61 @@ def token_pool(vocab: CompactVocab) -> list[int]:
 def batches(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
             stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup(),
             progress_from: float = 0.0, history: float = 0.0, mix: dict[str, float] = MIX,
-            style: tasks.Style = tasks.PLAIN) -> Iterator[list[Encoded]]:
+            style: tasks.Style = tasks.PLAIN, lookahead: float = 0.0) -> Iterator[list[Encoded]]:
     """``steps`` batches of fresh samples, deterministic in ``seed``; never cut a sample. The curriculum runs
-    from ``progress_from`` to 1 over the steps (a run that continues another starts where that one ended)."""
+    from ``progress_from`` to 1 over the steps (a run that continues another starts where that one ended).
+
+    ``lookahead == 0``: samples in the order drawn, a batch closed by the first one that does not fit (it opens
+    the next). ``lookahead == K``: ``pack`` from a pool of drawn samples topped up to K batches' tokens, so
+    batches come out nearly full and of nearly equal length, and data-parallel ranks wait less for each other
+    at the all-reduce (at the final mix the two ranks' batches differ by ~100 tokens at K = 3, ~320 without)."""
     rng = random.Random(seed)
-    pending: Encoded | None = None
     pool = token_pool(vocab) if warmup.induce or warmup.induce_until else []
+
+    def fresh(step: int) -> Encoded:
+        while True:
+            e = draw(rng, tokenizer, progress_from + (1.0 - progress_from) * step / steps, warmup, history, pool,
+                     mix, style)
+            if vocab.covers(e.ids):
+                return e
+            if stats is not None:
+                stats["skipped"] = stats.get("skipped", 0) + 1
+
+    if lookahead:
+        waiting: list[Encoded] = []
+        for step in range(steps):
+            while sum(len(e.ids) for e in waiting) < lookahead * tokens_per_step:
+                waiting.append(fresh(step))
+            yield pack(waiting, tokens_per_step)
+        return
+    pending: Encoded | None = None
     for step in range(steps):
         batch: list[Encoded] = []
         used = 0
         while True:
-            e = pending or draw(rng, tokenizer, progress_from + (1.0 - progress_from) * step / steps, warmup,
-                                history, pool, mix, style)
+            e = pending or fresh(step)
             pending = None
-            if not vocab.covers(e.ids):
-                if stats is not None:
-                    stats["skipped"] = stats.get("skipped", 0) + 1
-                continue
             if batch and used + len(e.ids) > tokens_per_step:
                 pending = e
                 break
             batch.append(e)
             used += len(e.ids)
         yield batch
+
+
+def pack(waiting: list[Encoded], budget: int) -> list[Encoded]:
+    """Take one batch out of ``waiting`` (oldest first), in place: the oldest sample, then each later one, in
+    order, that still fits in ``budget`` tokens. The oldest always goes, so no sample waits more than
+    ``len(waiting)`` batches and the task mix is the drawn one; the later ones fill the gap it leaves."""
+    batch, used, keep = [waiting[0]], len(waiting[0].ids), []
+    for e in waiting[1:]:
+        if used + len(e.ids) <= budget:
+            batch.append(e)
+            used += len(e.ids)
+        else:
+            keep.append(e)
+    waiting[:] = keep
+    return batch
 
 
 def _produce(queue, vocab_ids: list[int], full_size: int, kwargs: dict) -> None:
@@ -336,13 +368,13 @@ def _produce(queue, vocab_ids: list[int], full_size: int, kwargs: dict) -> None:
 def prefetched(tokenizer, vocab: CompactVocab, *, seed: int, steps: int, tokens_per_step: int,
                stats: dict[str, int] | None = None, warmup: CopyWarmup = CopyWarmup(),
                progress_from: float = 0.0, history: float = 0.0, mix: dict[str, float] = MIX,
-               style: tasks.Style = tasks.PLAIN, depth: int = 16) -> Iterator[list[Encoded]]:
+               style: tasks.Style = tasks.PLAIN, lookahead: float = 0.0, depth: int = 16) -> Iterator[list[Encoded]]:
     """``batches`` drawn in a helper process, up to ``depth`` ahead: the same batches in the same order.
     ``tokenizer`` is unused (the helper loads its own: the native one does not cross processes)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue(maxsize=depth)
     kwargs = {"seed": seed, "steps": steps, "tokens_per_step": tokens_per_step, "warmup": warmup,
-              "progress_from": progress_from, "history": history, "mix": mix, "style": style}
+              "progress_from": progress_from, "history": history, "mix": mix, "style": style, "lookahead": lookahead}
     proc = ctx.Process(target=_produce, args=(queue, vocab.ids, vocab.full_size, kwargs), daemon=True)
     proc.start()
     try:

@@ -13,12 +13,12 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from k3serve.layers.moe import RoutedExperts
-from k3serve.ops.mx import mxfp4_dequantize, mxfp4_quantize
+from k3serve.ops.mx import mxfp4_fake_quant, mxfp4_quantize
 
 
 def fake_quant_mxfp4(w: torch.Tensor) -> torch.Tensor:
     """MXFP4 round trip of ``w [..., K]`` with a straight-through gradient."""
-    q = mxfp4_dequantize(*mxfp4_quantize(w.detach()), dtype=w.dtype)
+    q = mxfp4_fake_quant(w.detach())
     return w + (q - w).detach()
 
 

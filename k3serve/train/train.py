@@ -192,7 +192,7 @@ def train(cfg: TrainConfig, tokenizer, rank: int = 0, world: int = 1) -> tuple[n
     stream = draw(tokenizer, vocab, seed=data_seed + 2 + 1000 * rank, steps=cfg.steps,
                   tokens_per_step=cfg.tokens_per_step, stats=stats, warmup=cfg.copy_warmup,
                   progress_from=cfg.progress_from, history=cfg.history_frac, mix=cfg.task_mix,
-                  style=cfg.style)
+                  style=cfg.style, lookahead=cfg.pack_lookahead)
     probe = next(data.batches(tokenizer, vocab, seed=cfg.seed + 3, steps=1, tokens_per_step=cfg.tokens_per_step,
                               style=cfg.style))
     last = cfg.stop_after or cfg.steps

@@ -16,6 +16,7 @@ from k3serve.ops import registry
 from k3serve.ops.mx import (
     k3_quantization_config,
     mxfp4_dequantize,
+    mxfp4_fake_quant,
     mxfp4_linear,
     mxfp4_quantize,
     mxfp8_dequantize,
@@ -232,6 +233,24 @@ def test_fast_equals_naive_at_every_e4m3_midpoint():
     c, s = mxfp8_quantize(x, "rceil")
     cn, sn = naive.mxfp8_quantize(x, "rceil")
     assert (s == 127).all() and torch.equal(c.view(torch.uint8), cn) and torch.equal(s, sn)
+
+
+@pytest.mark.parametrize("finite", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rule", naive.RULES)
+def test_mxfp4_fake_quant_is_the_round_trip(rule, dtype, finite):
+    # every scale from 2^-127 up, subnormals, signed zeros and E2M1 ties; with a NaN or inf block the whole
+    # tensor takes the general path, and those blocks come back NaN
+    big = torch.finfo(dtype).max
+    w = random_mx_input((5, 3, 96), seed=11).clamp(-big, big)
+    if not finite:
+        w[0, 0, 3], w[1, 2, 40], w[4, 1, 95] = math.nan, math.inf, -math.inf
+    w = w.to(dtype)
+    fake = mxfp4_fake_quant(w, rule)
+    want = mxfp4_dequantize(*mxfp4_quantize(w, rule), dtype=dtype)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert fake.dtype == dtype and torch.equal(fake.view(bits), want.view(bits))
+    assert fake.isnan().any() != finite
 
 
 @pytest.mark.parametrize("rule", naive.RULES)

@@ -254,6 +254,40 @@ def test_batches_are_deterministic_and_follow_the_curriculum():
     assert max(shares) <= data.MIX["recall"] * data.RECALL_REF * 1.001
 
 
+def test_pack_takes_the_oldest_then_what_fits():
+    from k3serve.train import data
+
+    a, b, c, d, e, f = (Encoded("tool", [1] * n, 1) for n in (500, 1500, 300, 200, 900, 2500))
+    waiting = [a, b, c, d, e, f]
+    assert data.pack(waiting, 1000) == [a, c, d] and waiting == [b, e, f]  # the rest keep their order
+    assert data.pack(waiting, 1000) == [b]  # the oldest goes even over the budget, alone
+    assert data.pack(waiting, 1000) == [e] and data.pack(waiting, 1000) == [f] and waiting == []
+
+
+def test_lookahead_packs_fuller_batches_of_the_same_samples():
+    from k3serve.train import data
+
+    tok = load_tokenizer()
+    vocab = CompactVocab(data.inventory(tok, seed=1, per_kind=30), 163840)
+    kwargs = {"seed": 4, "steps": 40, "tokens_per_step": 3000, "progress_from": 1.0}
+    plain = list(data.batches(tok, vocab, **kwargs))
+    packed = list(data.batches(tok, vocab, lookahead=3, **kwargs))
+    assert packed == list(data.batches(tok, vocab, lookahead=3, **kwargs))  # deterministic
+    assert all(sum(len(e.ids) for e in b) <= 3000 or len(b) == 1 for b in packed)
+    # the same draws, packed differently: every packed sample is one the plain stream drew, in the plain
+    # stream's order within a batch, and no batch's first sample waits behind a later one
+    order = {tuple(e.ids): i for i, e in enumerate(e for b in plain + list(data.batches(
+        tok, vocab, **{**kwargs, "steps": 60})) for e in b)}
+    index = [[order[tuple(e.ids)] for e in b] for b in packed]
+    assert all(i == sorted(i) for i in index) and [i[0] for i in index] == sorted(i[0] for i in index)
+
+    def spread(stream):
+        sizes = [sum(len(e.ids) for e in b) for b in stream]
+        return sum(abs(a - b) for a, b in zip(sizes, sizes[1:])) / (len(sizes) - 1)
+
+    assert spread(packed) < 0.5 * spread(plain)  # ~70 against ~420 tokens
+
+
 def test_task_mix_replaces_the_default_weights():
     from k3serve.train import data
 

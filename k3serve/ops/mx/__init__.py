@@ -9,6 +9,7 @@ from k3serve.ops.mx.checkpoint import k3_quantization_config, pack_weight, unpac
 from k3serve.ops.mx.linear import mxfp4_linear
 from k3serve.ops.mx.quant import (
     mxfp4_dequantize,
+    mxfp4_fake_quant,
     mxfp4_quantize,
     mxfp8_dequantize,
     mxfp8_fake_quant,
@@ -18,6 +19,7 @@ from k3serve.ops.mx.quant import (
 __all__ = [
     "k3_quantization_config",
     "mxfp4_dequantize",
+    "mxfp4_fake_quant",
     "mxfp4_linear",
     "mxfp4_quantize",
     "mxfp8_dequantize",

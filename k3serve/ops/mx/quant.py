@@ -2,6 +2,7 @@
 
     mxfp4_quantize(w [..., K], rule="floor") -> packed uint8 [..., K/2], scale uint8 [..., K/32]
     mxfp4_dequantize(packed [..., K/2], scale [..., K/32])  -> [..., K]
+    mxfp4_fake_quant(w [..., K], rule="floor")              -> [..., K] in w.dtype
     mxfp8_quantize(x [..., K], rule="rceil") -> codes float8_e4m3fn [..., K], scale uint8 [..., K/32]
     mxfp8_dequantize(codes [..., K], scale [..., K/32])     -> [..., K]
     mxfp8_fake_quant(x [..., K], rule="rceil")              -> [..., K] in x.dtype
@@ -156,6 +157,26 @@ def mxfp4_dequantize(
     rows = packed.reshape(-1, packed.shape[-1])
     w = fp4_dequant_rows(rows, scale.reshape(-1, scale.shape[-1]), table_dtype)
     return w.reshape(*packed.shape[:-1], k).to(dtype)
+
+
+def mxfp4_fake_quant(w: torch.Tensor, rule: str = "floor") -> torch.Tensor:
+    """``mxfp4_dequantize(*mxfp4_quantize(w, rule), w.dtype)`` bit for bit, in about a third of the passes: no
+    nibbles packed and decoded again, and the element grid's step taken from the scaled magnitude directly
+    (QAT runs this on every expert weight at every step). A block holding NaN or inf takes the general path."""
+    _check(w, "w", rule)
+    blocks = w.float().reshape(*w.shape[:-1], w.shape[-1] // BLOCK, BLOCK)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    if not torch.isfinite(amax).all():
+        values, scale = _quantize(w, _E2M1, rule)
+        return (values * E8M0_TO_F32.to(w.device)[scale.long()].unsqueeze(-1)).reshape(w.shape).to(w.dtype)
+    e = _scale_exponent(amax, _E2M1, rule)
+    y = blocks * _pow2(-e)
+    # |y| < 8 under either rule: E2M1's grid steps by 0.5 below 2, by 1 to 4 and by 2 above (as
+    # ``_round_to_element`` finds from the binade); round() breaks ties to even, the clamp saturates at 6.
+    mag = y.abs()
+    step = torch.where(mag < 2.0, 0.5, torch.where(mag < 4.0, 1.0, 2.0))
+    q = (torch.round(mag / step) * step).clamp_(max=_E2M1.max_value).copysign_(y)
+    return (q * _pow2(e)).reshape(w.shape).to(w.dtype)
 
 
 def mxfp8_quantize(x: torch.Tensor, rule: str = "rceil") -> tuple[torch.Tensor, torch.Tensor]:
