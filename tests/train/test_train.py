@@ -274,10 +274,11 @@ def test_lookahead_packs_fuller_batches_of_the_same_samples():
     packed = list(data.batches(tok, vocab, lookahead=3, **kwargs))
     assert packed == list(data.batches(tok, vocab, lookahead=3, **kwargs))  # deterministic
     assert all(sum(len(e.ids) for e in b) <= 3000 or len(b) == 1 for b in packed)
-    # the same draws, packed differently: every packed sample is one the plain stream drew, in the plain
-    # stream's order within a batch, and no batch's first sample waits behind a later one
-    order = {tuple(e.ids): i for i, e in enumerate(e for b in plain + list(data.batches(
-        tok, vocab, **{**kwargs, "steps": 60})) for e in b)}
+    # the same draws, packed differently: every packed sample is one the plain stream drew (a longer run of it
+    # holds the samples still waiting), in the drawn order within a batch, and no batch's first sample waits
+    # behind a later one
+    drawn = (e for b in data.batches(tok, vocab, **{**kwargs, "steps": 60}) for e in b)
+    order = {tuple(e.ids): i for i, e in enumerate(drawn)}
     index = [[order[tuple(e.ids)] for e in b] for b in packed]
     assert all(i == sorted(i) for i in index) and [i[0] for i in index] == sorted(i[0] for i in index)
 

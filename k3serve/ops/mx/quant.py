@@ -167,8 +167,7 @@ def mxfp4_fake_quant(w: torch.Tensor, rule: str = "floor") -> torch.Tensor:
     blocks = w.float().reshape(*w.shape[:-1], w.shape[-1] // BLOCK, BLOCK)
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     if not torch.isfinite(amax).all():
-        values, scale = _quantize(w, _E2M1, rule)
-        return (values * E8M0_TO_F32.to(w.device)[scale.long()].unsqueeze(-1)).reshape(w.shape).to(w.dtype)
+        return _scaled_back(*_quantize(w, _E2M1, rule), w)
     e = _scale_exponent(amax, _E2M1, rule)
     y = blocks * _pow2(-e)
     # |y| < 8 under either rule: E2M1's grid steps by 0.5 below 2, by 1 to 4 and by 2 above (as
@@ -206,5 +205,9 @@ def mxfp8_dequantize(
 def mxfp8_fake_quant(x: torch.Tensor, rule: str = "rceil") -> torch.Tensor:
     """Quantise x [..., K] to MXFP8 (E4M3 elements, blocks of 32 along K) and back, in x's dtype."""
     _check(x, "x", rule)
-    values, scale = _quantize(x, _E4M3, rule)
-    return (values * E8M0_TO_F32.to(x.device)[scale.long()].unsqueeze(-1)).reshape(x.shape).to(x.dtype)
+    return _scaled_back(*_quantize(x, _E4M3, rule), x)
+
+
+def _scaled_back(values: torch.Tensor, scale: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Grid values ``[..., K/32, 32]`` times their blocks' scales, in ``like``'s shape and dtype."""
+    return (values * E8M0_TO_F32.to(like.device)[scale.long()].unsqueeze(-1)).reshape(like.shape).to(like.dtype)
