@@ -55,6 +55,7 @@ class TrainConfig:
     tool_leaves: int = tasks.TOOL_LEAVES
     decline_object: float = 0.0
     choose_object: float = 0.0
+    array_repeats: float = 0.0
     hard_from: float = 0.0
     mix: str = ""
     request_form: str = "inline"
@@ -131,7 +132,7 @@ class TrainConfig:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
                               self.recall_frac, self.induce_frac, self.induce_until, self.assoc_frac,
                               self.induce_long, self.lookup_objects, self.tool_leaves, self.decline_object,
-                              self.choose_object, self.hard_from)
+                              self.choose_object, self.hard_from, self.array_repeats)
 
 
 HELP = {
@@ -182,6 +183,9 @@ HELP = {
     "choose_object": "fraction of the choices that offer, beside the picked tool, one with its object and another "
                      "verb (share_road beside convert_road), so that such a tool in the offer does not mean a "
                      "decline",
+    "array_repeats": "fraction of the array values in tool, choose and JSON requests that write one word twice "
+                     "(drawn freely about 3%% do; at such an array's repeated word wx56 wrote that word until "
+                     "max_tokens)",
     "hard_from": "curriculum progress from which --decline-object and --choose-object apply (0: throughout; "
                  "run wx43, both 0.5 throughout, lost choices and declines alike)",
     "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "

@@ -108,7 +108,8 @@ class CopyWarmup:
     is not the default, so have declines (evaluations: ``tasks.DECLINE_LEAVES``). A ``decline_object`` fraction
     of the declines ask for a tool that shares its object with an offered one (``tasks.make_decline``), a
     ``choose_object`` fraction of the choices offer such a tool beside the picked one (``tasks.make_choose``),
-    both from curriculum progress ``hard_from`` on (0: throughout)."""
+    both from curriculum progress ``hard_from`` on (0: throughout). An ``array_repeats`` fraction of the array
+    values in tool, choose and JSON requests write one word twice (``tasks._words``)."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
@@ -123,10 +124,11 @@ class CopyWarmup:
     decline_object: float = 0.0
     choose_object: float = 0.0
     hard_from: float = 0.0
+    array_repeats: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("share", "until", "after", "lookup", "recall", "induce", "induce_until", "assoc",
-                     "lookup_objects", "decline_object", "choose_object", "hard_from"):
+                     "lookup_objects", "decline_object", "choose_object", "hard_from", "array_repeats"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"copy warm-up {name} must be in [0, 1]")
         if self.induce_long < 0:
@@ -261,6 +263,8 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
     object_share = {"decline": warmup.decline_object, "choose": warmup.choose_object}.get(kind)
     if object_share and progress >= warmup.hard_from:
         kwargs["object_share"] = object_share
+    if warmup.array_repeats and kind in ("tool", "choose", "json"):  # the kinds that copy values into an answer
+        kwargs["repeats"] = warmup.array_repeats
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
     s = sessions.make(rng, style=style) if kind == "session" else tasks.make(kind, rng, style=style, **kwargs)

@@ -152,12 +152,13 @@ def test_tool_leaves_widen_training_requests_and_leave_evaluations_alone(tok, mo
         data.CopyWarmup(tool_leaves=0)
 
 
-def _object_shares(tok, monkeypatch, warmup: data.CopyWarmup, kinds: tuple[str, ...]) -> list[tuple]:
-    """(kind, object_share) as the trainer's draw passes them to ``tasks.make``: one draw of each kind with
+def _object_shares(tok, monkeypatch, warmup: data.CopyWarmup, kinds: tuple[str, ...],
+                   key: str = "object_share") -> list[tuple]:
+    """(kind, kwargs[key]) as the trainer's draw passes them to ``tasks.make``: one draw of each kind with
     ``warmup``, then with the default warm-up."""
     seen: list[tuple] = []
     real = tasks.make
-    monkeypatch.setattr(tasks, "make", lambda kind, rng, **kw: seen.append((kind, kw.get("object_share"))) or
+    monkeypatch.setattr(tasks, "make", lambda kind, rng, **kw: seen.append((kind, kw.get(key))) or
                         real(kind, rng, **kw))
     for w in (warmup, data.CopyWarmup()):
         for kind in kinds:
@@ -205,6 +206,38 @@ def test_choose_object_offers_the_picked_tools_object_with_another_verb(tok, mon
                     ("choose", None), ("decline", None), ("tool", None)]
     with pytest.raises(ValueError, match="choose_object"):
         data.CopyWarmup(choose_object=-0.1)
+
+
+def _arrays(value):
+    if isinstance(value, list):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _arrays(v)
+
+
+def test_array_repeats_write_one_word_twice_in_training_arrays(tok, monkeypatch):
+    """``repeats`` 1: every array value of a tool, choose or JSON answer (and so of its request) has a word
+    twice; 0 (evaluations) draws exactly what it drew before, where most arrays have distinct words."""
+    def arrays(kind: str, repeats: float) -> list[list]:
+        out = []
+        for i in range(200):
+            s = tasks.make(kind, random.Random(i), repeats=repeats)
+            out += _arrays(s.expected.get("arguments", s.expected.get("json")))
+        return out
+
+    for kind in ("tool", "choose", "json"):
+        assert [tasks.make(kind, random.Random(i)) for i in range(30)] == \
+               [tasks.make(kind, random.Random(i), repeats=0.0) for i in range(30)]
+        repeated = arrays(kind, 1.0)
+        assert len(repeated) > 20 and all(len(set(a)) < len(a) for a in repeated)
+        assert sum(len(set(a)) < len(a) for a in arrays(kind, 0.0)) < len(arrays(kind, 0.0)) / 4
+    seen = _object_shares(tok, monkeypatch, data.CopyWarmup(array_repeats=0.5),
+                          ("json", "tool", "choose", "decline", "followup"), key="repeats")
+    assert seen == [("json", 0.5), ("tool", 0.5), ("choose", 0.5), ("decline", None), ("followup", None),
+                    ("json", None), ("tool", None), ("choose", None), ("decline", None), ("followup", None)]
+    with pytest.raises(ValueError, match="array_repeats"):
+        data.CopyWarmup(array_repeats=1.5)
 
 
 def test_hard_from_holds_the_object_shares_back_until_that_progress(tok, monkeypatch):
