@@ -152,8 +152,8 @@ def test_tool_leaves_widen_training_requests_and_leave_evaluations_alone(tok, mo
         data.CopyWarmup(tool_leaves=0)
 
 
-def _object_shares(tok, monkeypatch, warmup: data.CopyWarmup, kinds: tuple[str, ...],
-                   key: str = "object_share") -> list[tuple]:
+def _passed(tok, monkeypatch, warmup: data.CopyWarmup, kinds: tuple[str, ...],
+            key: str = "object_share") -> list[tuple]:
     """(kind, kwargs[key]) as the trainer's draw passes them to ``tasks.make``: one draw of each kind with
     ``warmup``, then with the default warm-up."""
     seen: list[tuple] = []
@@ -181,7 +181,7 @@ def test_decline_object_asks_for_a_tool_sharing_an_offered_tools_object(tok, mon
             assert asked.split("_", 1)[1] in {n.split("_", 1)[1] for n in offered}
             assert s.expected["text"].endswith(f"the {asked.split('_', 1)[1]}.")
     # the trainer's draw passes it to declines only, and only when set
-    seen = _object_shares(tok, monkeypatch, data.CopyWarmup(decline_object=0.5), ("decline", "choose"))
+    seen = _passed(tok, monkeypatch, data.CopyWarmup(decline_object=0.5), ("decline", "choose"))
     assert seen == [("decline", 0.5), ("choose", None), ("decline", None), ("choose", None)]
     with pytest.raises(ValueError, match="decline_object"):
         data.CopyWarmup(decline_object=1.5)
@@ -201,7 +201,7 @@ def test_choose_object_offers_the_picked_tools_object_with_another_verb(tok, mon
             assert all(pools.is_held_out(n) == held_out for n in offered)
             verb, obj = picked.split("_", 1)
             assert any(n.split("_", 1)[1] == obj and n.split("_", 1)[0] != verb for n in offered)
-    seen = _object_shares(tok, monkeypatch, data.CopyWarmup(choose_object=0.5), ("choose", "decline", "tool"))
+    seen = _passed(tok, monkeypatch, data.CopyWarmup(choose_object=0.5), ("choose", "decline", "tool"))
     assert seen == [("choose", 0.5), ("decline", None), ("tool", None),
                     ("choose", None), ("decline", None), ("tool", None)]
     with pytest.raises(ValueError, match="choose_object"):
@@ -231,9 +231,10 @@ def test_array_repeats_write_one_word_twice_in_training_arrays(tok, monkeypatch)
                [tasks.make(kind, random.Random(i), repeats=0.0) for i in range(30)]
         repeated = arrays(kind, 1.0)
         assert len(repeated) > 20 and all(len(set(a)) < len(a) for a in repeated)
-        assert sum(len(set(a)) < len(a) for a in arrays(kind, 0.0)) < len(arrays(kind, 0.0)) / 4
-    seen = _object_shares(tok, monkeypatch, data.CopyWarmup(array_repeats=0.5),
-                          ("json", "tool", "choose", "decline", "followup"), key="repeats")
+        drawn = arrays(kind, 0.0)
+        assert sum(len(set(a)) < len(a) for a in drawn) < len(drawn) / 4
+    seen = _passed(tok, monkeypatch, data.CopyWarmup(array_repeats=0.5),
+                   ("json", "tool", "choose", "decline", "followup"), key="repeats")
     assert seen == [("json", 0.5), ("tool", 0.5), ("choose", 0.5), ("decline", None), ("followup", None),
                     ("json", None), ("tool", None), ("choose", None), ("decline", None), ("followup", None)]
     with pytest.raises(ValueError, match="array_repeats"):
