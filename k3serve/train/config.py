@@ -56,6 +56,7 @@ class TrainConfig:
     decline_object: float = 0.0
     choose_object: float = 0.0
     array_repeats: float = 0.0
+    array_twins: float = 0.0
     hard_from: float = 0.0
     mix: str = ""
     request_form: str = "inline"
@@ -132,7 +133,8 @@ class TrainConfig:
         return data.CopyWarmup(self.copy_share, self.copy_until, self.copy_after, self.lookup_frac,
                               self.recall_frac, self.induce_frac, self.induce_until, self.assoc_frac,
                               self.induce_long, self.lookup_objects, self.tool_leaves, self.decline_object,
-                              self.choose_object, self.hard_from, self.array_repeats)
+                              self.choose_object, self.hard_from, self.array_repeats,
+                              self.array_twins)
 
 
 HELP = {
@@ -186,6 +188,8 @@ HELP = {
     "array_repeats": "fraction of the array values in tool, choose and JSON requests that write one word twice "
                      "(drawn freely about 3%% do; at such an array's repeated word wx56 wrote that word until "
                      "max_tokens)",
+    "array_twins": "fraction of those arrays (--array-repeats) that write the repeated word last, beside its twin "
+                   "(\"island\",\"island\"]: where wx63 wrote that word until max_tokens)",
     "hard_from": "curriculum progress from which --decline-object and --choose-object apply (0: throughout; "
                  "run wx43, both 0.5 throughout, lost choices and declines alike)",
     "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "

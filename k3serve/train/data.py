@@ -109,7 +109,8 @@ class CopyWarmup:
     of the declines ask for a tool that shares its object with an offered one (``tasks.make_decline``), a
     ``choose_object`` fraction of the choices offer such a tool beside the picked one (``tasks.make_choose``),
     both from curriculum progress ``hard_from`` on (0: throughout). An ``array_repeats`` fraction of the array
-    values in tool, choose and JSON requests write one word twice (``tasks._words``)."""
+    values in tool, choose and JSON requests write one word twice, an ``array_twins`` fraction of those as the last
+two words (``tasks._words``)."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0
@@ -125,10 +126,12 @@ class CopyWarmup:
     choose_object: float = 0.0
     hard_from: float = 0.0
     array_repeats: float = 0.0
+    array_twins: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("share", "until", "after", "lookup", "recall", "induce", "induce_until", "assoc",
-                     "lookup_objects", "decline_object", "choose_object", "hard_from", "array_repeats"):
+                     "lookup_objects", "decline_object", "choose_object", "hard_from", "array_repeats",
+                     "array_twins"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"copy warm-up {name} must be in [0, 1]")
         if self.induce_long < 0:
@@ -265,6 +268,8 @@ def draw(rng: random.Random, tokenizer, progress: float, warmup: CopyWarmup = Co
         kwargs["object_share"] = object_share
     if warmup.array_repeats and kind in ("tool", "choose", "json"):  # the kinds that copy values into an answer
         kwargs["repeats"] = warmup.array_repeats
+        if warmup.array_twins:
+            kwargs["twins"] = warmup.array_twins
     if kind in WARMUP and progress < warmup.until:
         kwargs |= WARMUP[kind]
     s = sessions.make(rng, style=style) if kind == "session" else tasks.make(kind, rng, style=style, **kwargs)

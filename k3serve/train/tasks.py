@@ -53,20 +53,24 @@ TOOL_DUMPS: Dumps = partial(json.dumps, ensure_ascii=False)  # how the K3 render
 JSON_DUMPS: Dumps = partial(json.dumps, ensure_ascii=False, separators=(",", ":"))  # JSON answers: compact
 
 
-def _words(rng: random.Random, repeats: float = 0.0) -> list[str]:
+def _words(rng: random.Random, repeats: float = 0.0, twins: float = 0.0) -> list[str]:
     """An array leaf's 2-3 words. A ``repeats`` share of them (training only) write one word twice: drawn
     freely, ~3% of arrays do, and wx56/wx57 lost 3 of their 4 invalid JSON answers on such an array
     (``["river","island","island"]`` went on with ``"island"`` until max_tokens), where the token before
-    the next item and before the closing ``"]`` is the same word."""
+    the next item and before the closing ``"]`` is the same word. A ``twins`` share of those put the copy
+    last, beside its twin, as in that array (otherwise a quarter of the three-word ones do): wx63 still
+    looped there."""
     words = [rng.choice(pools.WORDS) for _ in range(rng.randint(2, 3))]
     if repeats and rng.random() < repeats:  # only when set, so a default run draws what it drew before
         later = rng.randrange(1, len(words))
         words[later] = words[rng.randrange(later)]
+        if twins and rng.random() < twins:  # likewise: without it a run draws what wx63 drew
+            words[-1] = words[-2]
     return words
 
 
-def _leaf(rng: random.Random, repeats: float = 0.0) -> tuple[dict[str, Any], Any]:
-    """(schema, value) for one leaf parameter (``repeats``: ``_words``)."""
+def _leaf(rng: random.Random, repeats: float = 0.0, twins: float = 0.0) -> tuple[dict[str, Any], Any]:
+    """(schema, value) for one leaf parameter (``repeats``, ``twins``: ``_words``)."""
     r = rng.random()
     if r < 0.35:
         return {"type": "string"}, pools.string_value(rng)
@@ -77,11 +81,11 @@ def _leaf(rng: random.Random, repeats: float = 0.0) -> tuple[dict[str, Any], Any
     if r < 0.88:
         options = rng.choice(pools.ENUMS)
         return {"type": "string", "enum": list(options)}, rng.choice(options)
-    return {"type": "array", "items": {"type": "string"}}, _words(rng, repeats)
+    return {"type": "array", "items": {"type": "string"}}, _words(rng, repeats, twins)
 
 
-def make_schema(rng: random.Random, n_leaves: int, dumps: Dumps = TOOL_DUMPS, repeats: float = 0.0
-                ) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, str]]]:
+def make_schema(rng: random.Random, n_leaves: int, dumps: Dumps = TOOL_DUMPS, repeats: float = 0.0,
+                twins: float = 0.0) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, str]]]:
     """An object schema with ``n_leaves`` uniquely named leaves, some grouped into one nested object.
 
     Returns (schema, value object, [(top-level key, written value)]). Each value is written in the user
@@ -98,7 +102,7 @@ def make_schema(rng: random.Random, n_leaves: int, dumps: Dumps = TOOL_DUMPS, re
     sub_props: dict[str, Any] = {}
     sub_values: dict[str, Any] = {}
     for i, key in enumerate(keys[:n_leaves]):
-        schema, value = _leaf(rng, repeats)
+        schema, value = _leaf(rng, repeats, twins)
         if i < inner:
             sub_props[key], sub_values[key] = schema, value
         else:
@@ -144,10 +148,10 @@ def tool_call(name: str, args: dict[str, Any], k: int = 1) -> dict[str, Any]:
 
 def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int | None = None,
               style: Style = PLAIN, leaves: int = TOOL_LEAVES, object_share: float = 0.0,
-              repeats: float = 0.0) -> Sample:
+              repeats: float = 0.0, twins: float = 0.0) -> Sample:
     n = n_tools if n_tools is not None else 1
     tools = draw_toolset(rng, held_out, n)
-    schemas = [make_schema(rng, rng.randint(1, leaves), repeats=repeats) for _ in tools]
+    schemas = [make_schema(rng, rng.randint(1, leaves), repeats=repeats, twins=twins) for _ in tools]
     pick = rng.randrange(n)
     if n > 1 and object_share and rng.random() < object_share:
         other = rng.choice([i for i in range(n) if i != pick])
@@ -163,12 +167,13 @@ def make_tool(rng: random.Random, held_out: bool, thinking: bool, n_tools: int |
 
 
 def make_choose(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN,
-                leaves: int = TOOL_LEAVES, object_share: float = 0.0, repeats: float = 0.0) -> Sample:
+                leaves: int = TOOL_LEAVES, object_share: float = 0.0, repeats: float = 0.0,
+                twins: float = 0.0) -> Sample:
     """A call of one of 2-4 offered tools. ``object_share`` of them (training only) offer, beside the picked
     tool, one with its object and another verb (``share_road`` beside ``convert_road``): the same hard negative
     that ``make_decline``'s ``object_share`` asks for, so that its presence does not tell a decline apart."""
     return make_tool(rng, held_out, thinking, n_tools=rng.randint(2, 4), style=style, leaves=leaves,
-                     object_share=object_share, repeats=repeats)
+                     object_share=object_share, repeats=repeats, twins=twins)
 
 
 def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN,
@@ -211,8 +216,8 @@ def strict(s: Sample) -> Sample:
 
 
 def make_json(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN,
-              repeats: float = 0.0) -> Sample:
-    schema, values, mentions = make_schema(rng, rng.randint(2, 5), JSON_DUMPS, repeats)
+              repeats: float = 0.0, twins: float = 0.0) -> Sample:
+    schema, values, mentions = make_schema(rng, rng.randint(2, 5), JSON_DUMPS, repeats, twins)
     schema = closed(schema)
     name, _, obj = pools.tool_name(rng, held_out)
     rf = {"type": "json_schema", "json_schema": {"name": name, "strict": True, "schema": schema}}

@@ -208,6 +208,11 @@ def test_choose_object_offers_the_picked_tools_object_with_another_verb(tok, mon
         data.CopyWarmup(choose_object=-0.1)
 
 
+def _answer(s: tasks.Sample):
+    """The value object a tool, choose or JSON sample answers with."""
+    return s.expected.get("arguments", s.expected.get("json"))
+
+
 def _arrays(value):
     if isinstance(value, list):
         yield value
@@ -223,7 +228,7 @@ def test_array_repeats_write_one_word_twice_in_training_arrays(tok, monkeypatch)
         out = []
         for i in range(200):
             s = tasks.make(kind, random.Random(i), repeats=repeats)
-            out += _arrays(s.expected.get("arguments", s.expected.get("json")))
+            out += _arrays(_answer(s))
         return out
 
     for kind in ("tool", "choose", "json"):
@@ -239,6 +244,27 @@ def test_array_repeats_write_one_word_twice_in_training_arrays(tok, monkeypatch)
                     ("json", None), ("tool", None), ("choose", None), ("decline", None), ("followup", None)]
     with pytest.raises(ValueError, match="array_repeats"):
         data.CopyWarmup(array_repeats=1.5)
+
+
+def test_array_twins_write_the_repeated_word_last_beside_its_twin(tok, monkeypatch):
+    """``twins`` 1 (with ``repeats`` 1): every array of a tool, choose or JSON answer ends in one word twice
+    (``["river","island","island"]``); 0 draws exactly what ``repeats`` alone drew (wx63's stream)."""
+    for kind in ("tool", "choose", "json"):
+        assert [tasks.make(kind, random.Random(i), repeats=0.5) for i in range(30)] == \
+               [tasks.make(kind, random.Random(i), repeats=0.5, twins=0.0) for i in range(30)]
+        arrays = [a for i in range(200) for a in
+                  _arrays(_answer(tasks.make(kind, random.Random(i), repeats=1.0, twins=1.0)))]
+        assert len(arrays) > 20 and all(a[-1] == a[-2] for a in arrays)
+        alone = [a for i in range(200) for a in _arrays(_answer(tasks.make(kind, random.Random(i), repeats=1.0)))]
+        assert sum(a[-1] != a[-2] for a in alone) > len(alone) / 4  # "repeats" alone often copies further back
+    seen = _passed(tok, monkeypatch, data.CopyWarmup(array_repeats=0.5, array_twins=0.5),
+                   ("json", "tool", "decline"), key="twins")
+    assert seen == [("json", 0.5), ("tool", 0.5), ("decline", None), ("json", None), ("tool", None),
+                    ("decline", None)]
+    # twins without repeats would be a no-op that looks like a setting: it is passed only with repeats
+    assert _passed(tok, monkeypatch, data.CopyWarmup(array_twins=0.5), ("json",), key="twins")[0] == ("json", None)
+    with pytest.raises(ValueError, match="array_twins"):
+        data.CopyWarmup(array_twins=-0.1)
 
 
 def test_hard_from_holds_the_object_shares_back_until_that_progress(tok, monkeypatch):
