@@ -189,7 +189,7 @@ HELP = {
                      "(drawn freely about 3%% do; at such an array's repeated word wx56 wrote that word until "
                      "max_tokens)",
     "array_twins": "fraction of those arrays (--array-repeats) that write the repeated word last, beside its twin "
-                   "(\"island\",\"island\"]: where wx63 wrote that word until max_tokens)",
+                   "([\"river\",\"island\",\"island\"]: where wx63 wrote that word until max_tokens)",
     "hard_from": "curriculum progress from which --decline-object and --choose-object apply (0: throughout; "
                  "run wx43, both 0.5 throughout, lost choices and declines alike)",
     "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "
