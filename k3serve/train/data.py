@@ -109,8 +109,8 @@ class CopyWarmup:
     of the declines ask for a tool that shares its object with an offered one (``tasks.make_decline``), a
     ``choose_object`` fraction of the choices offer such a tool beside the picked one (``tasks.make_choose``),
     both from curriculum progress ``hard_from`` on (0: throughout). An ``array_repeats`` fraction of the array
-    values in tool, choose and JSON requests write one word twice, an ``array_twins`` fraction of those as the last
-two words (``tasks._words``)."""
+    values in tool, choose and JSON requests write one word twice, an ``array_twins`` fraction of those as the
+    last two words (``tasks._words``)."""
     share: float = 0.0
     until: float = 0.0
     after: float = 0.0

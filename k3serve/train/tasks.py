@@ -57,9 +57,10 @@ def _words(rng: random.Random, repeats: float = 0.0, twins: float = 0.0) -> list
     """An array leaf's 2-3 words. A ``repeats`` share of them (training only) write one word twice: drawn
     freely, ~3% of arrays do, and wx56/wx57 lost 3 of their 4 invalid JSON answers on such an array
     (``["river","island","island"]`` went on with ``"island"`` until max_tokens), where the token before
-    the next item and before the closing ``"]`` is the same word. A ``twins`` share of those put the copy
-    last, beside its twin, as in that array (otherwise a quarter of the three-word ones do): wx63 still
-    looped there."""
+    the next item and before the closing ``"]`` is the same word. A ``twins`` share of those end in two equal
+    words, as that array does (otherwise a quarter of the three-word ones do; wx63 still looped there): the
+    word before the last is copied over the last, so a three-word array whose copy went to the middle becomes
+    one word three times (``["island","island","island"]``), the others ``["river","island","island"]``."""
     words = [rng.choice(pools.WORDS) for _ in range(rng.randint(2, 3))]
     if repeats and rng.random() < repeats:  # only when set, so a default run draws what it drew before
         later = rng.randrange(1, len(words))
