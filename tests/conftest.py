@@ -1,8 +1,10 @@
-"""Shared fixtures: a per-session cache directory for built-in random models, deterministic torch."""
+"""Shared fixtures: a per-session cache directory for built-in random models, deterministic torch, the
+in-repo Mooncake trace slice."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,3 +17,9 @@ def _k3serve_cache(tmp_path_factory):
     # it leaves the second core to the servers some tests start.
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(scope="session")
+def mooncake_trace() -> Path:
+    """The last 200 requests of Mooncake's synthetic trace (see tests/data/README.md): real prefix reuse."""
+    return Path(__file__).resolve().parent / "data" / "mooncake_synthetic_tail200.jsonl"

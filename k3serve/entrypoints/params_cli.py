@@ -11,6 +11,7 @@ import json
 
 from k3serve.plan.model_math import ParamSummary
 from k3serve.plan.model_source import load_model_config
+from k3serve.plan.units import count, nbytes, nbytes_binary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,11 +28,11 @@ def run(args: argparse.Namespace) -> int:
                           "active_with_input_embedding": s.active_with_embedding,
                           "by_component": s.by_component, "weight_bytes": s.weight_bytes}, indent=2))
         return 0
-    print(f"{name}: {s.total:,} params ({s.total / 1e9:,.2f}B), {s.active:,} active per token "
-          f"({s.active / 1e9:,.2f}B; {s.active_with_embedding / 1e9:,.2f}B counting the input embedding)")
+    print(f"{name}: {s.total:,} params ({count(s.total)}), {s.active:,} active per token "
+          f"({count(s.active)}; {count(s.active_with_embedding)} counting the input embedding)")
     for comp, n in s.by_component.items():
         print(f"  {comp:16s} {n:>18,}")
     for prec, b in s.weight_bytes.items():
         label = {"mxfp4": "MXFP4 experts + BF16 rest", "mxfp8": "MXFP8 experts + BF16 rest"}.get(prec, "all BF16")
-        print(f"  weights {label:26s} {b / 1e9:>12,.1f} GB ({b / 2**40:,.3f} TiB)")
+        print(f"  weights {label:26s} {nbytes(b):>12} ({nbytes_binary(b)})")
     return 0

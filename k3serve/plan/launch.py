@@ -1,6 +1,9 @@
 """Launch commands for a planned replica: k3serve, and the equivalent vLLM and SGLang flags.
 
 Multi-node replicas use shell placeholders (``$NODE_RANK``, ``$HEAD_ADDR``) so one line serves every node.
+The k3serve command holds only flags ``k3serve serve`` accepts and honours today (one engine on one device);
+what the replica needs beyond that (parallelism, multi-node, an FP8 KV cache) is listed apart by
+``k3serve_not_yet_supported`` instead of being printed as a command that would refuse to start.
 Flag spellings follow vLLM's and SGLang's documented server arguments (docs.vllm.ai "Parallelism and
 Scaling", docs.sglang.io "Server Arguments"); re-check them against the pinned engine version.
 """
@@ -28,15 +31,29 @@ class LaunchSpec:
 
 
 def k3serve_command(s: LaunchSpec, checkpoint: str) -> str:
-    lay = s.layout
-    parts = [f"k3serve serve {checkpoint}", f"--tensor-parallel-size {lay.tp}",
-             f"--pipeline-parallel-size {lay.pp}", f"--data-parallel-size {lay.dp}", "--enable-expert-parallel",
-             f"--max-model-len {s.context_length}", f"--max-num-seqs {s.max_num_seqs}",
-             f"--max-num-batched-tokens {s.max_num_batched_tokens}",
-             f"--gpu-memory-utilization {s.gpu_memory_utilization}", f"--kv-cache-dtype {s.kv_cache_dtype}"]
+    # --device/--dtype: k3serve defaults to float32 on the CPU; the plan sizes BF16 weights on a GPU
+    return " ".join([f"k3serve serve {checkpoint}", "--device cuda", "--dtype bfloat16",
+                     f"--max-model-len {s.context_length}", f"--max-num-seqs {s.max_num_seqs}",
+                     f"--max-num-batched-tokens {s.max_num_batched_tokens}",
+                     f"--gpu-memory-utilization {s.gpu_memory_utilization}"])
+
+
+def k3serve_not_yet_supported(s: LaunchSpec) -> tuple[str, ...]:
+    """The flags this replica needs that ``k3serve serve`` refuses today (vLLM spellings)."""
+    lay, out = s.layout, []
+    if lay.tp > 1:
+        out.append(f"--tensor-parallel-size {lay.tp}")
+    if lay.pp > 1:
+        out.append(f"--pipeline-parallel-size {lay.pp}")
+    if lay.dp > 1:
+        out.append(f"--data-parallel-size {lay.dp}")
+    if lay.ep > 1:
+        out.append("--enable-expert-parallel")
     if s.nodes > 1:
-        parts += [f"--nnodes {s.nodes}", "--node-rank $NODE_RANK", "--master-addr $HEAD_ADDR"]
-    return " ".join(parts)
+        out += [f"--nnodes {s.nodes}", "--node-rank $NODE_RANK", "--master-addr $HEAD_ADDR"]
+    if s.kv_cache_dtype != "bf16":
+        out.append(f"--kv-cache-dtype {s.kv_cache_dtype}")
+    return tuple(out)
 
 
 def vllm_command(s: LaunchSpec, hf_model: str) -> str:

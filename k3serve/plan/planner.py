@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from k3serve.core.config import ModelConfig
 from k3serve.plan.gpus import GPU, NVL72_GPUS
-from k3serve.plan.launch import LaunchSpec, commands
+from k3serve.plan.launch import LaunchSpec, commands, k3serve_not_yet_supported
 from k3serve.plan.layout import Layout, StageMemory, activation_bytes, layout_problem, stage_memory
 from k3serve.plan.model_math import PRECISIONS, ParamSummary, components
 from k3serve.plan.roofline import DecodeEstimate, PrefillEstimate, decode, prefill
@@ -119,8 +119,9 @@ class Plan:
     fit: LayoutFit
     context_length: int
     concurrency: int
+    gpus_per_node: int
     nodes_per_replica: int
-    replicas_per_node: int
+    replicas_per_node: int  # 0 when one replica spans several nodes
     replicas_per_rack: int | None
     decode_batch1: DecodeEstimate
     decode_at_concurrency: DecodeEstimate
@@ -128,6 +129,7 @@ class Plan:
     commands: dict[str, str]
     alternatives: tuple[tuple[str, int, float], ...]  # (layout, max concurrency, decode tokens/s)
     warnings: tuple[str, ...] = ()
+    k3serve_not_yet_supported: tuple[str, ...] = ()  # flags the replica needs that k3serve refuses today
 
 
 class Planner:
@@ -187,7 +189,7 @@ class Planner:
                             inp.gpu_memory_utilization, inp.kv_cache_dtype, inp.max_num_batched_tokens)
         return Plan(
             gpu=gpu.name, replica_gpus=n, min_gpus_per_replica=minimum, layout=best.layout, fit=best,
-            context_length=inp.context_length, concurrency=conc,
+            context_length=inp.context_length, concurrency=conc, gpus_per_node=gpu.gpus_per_node,
             nodes_per_replica=-(-n // gpu.gpus_per_node), replicas_per_node=gpu.gpus_per_node // n,
             replicas_per_rack=NVL72_GPUS // n if gpu.is_rack_scale else None,
             decode_batch1=self._decode(inp, best, 1), decode_at_concurrency=self._decode(inp, best, conc),
@@ -195,6 +197,7 @@ class Planner:
             commands=commands(launch, self.hf_model),
             alternatives=tuple((str(f.layout), f.max_concurrency, round(d.tokens_per_s, 1)) for f, d in ranked[:6]),
             warnings=warnings + self._layout_warnings(inp, best.layout, n),
+            k3serve_not_yet_supported=k3serve_not_yet_supported(launch),
         )
 
     def _layout_warnings(self, inp: PlanInputs, lay: Layout, n: int) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from k3serve.core.config import ModelConfig
 from k3serve.plan.model_math import ParamSummary, kda_state_bytes_per_sequence, mla_kv_bytes_per_token
 from k3serve.plan.layout import SPLIT_RULES
 from k3serve.plan.planner import Plan
+from k3serve.plan.units import count, nbytes, nbytes_binary
 
 GB, GIB, MIB, KIB = 1e9, 2**30, 2**20, 2**10
 
@@ -44,6 +45,7 @@ def plan_dict(p: Plan) -> dict[str, Any]:
         "layout": {"tp": p.layout.tp, "pp": p.layout.pp, "attn_dp": p.layout.dp, "ep": p.layout.ep,
                    "name": str(p.layout)},
         "split_rules": SPLIT_RULES,
+        "gpus_per_node": p.gpus_per_node,
         "nodes_per_replica": p.nodes_per_replica,
         "replicas_per_node": p.replicas_per_node,
         "replicas_per_rack": p.replicas_per_rack,
@@ -65,36 +67,47 @@ def plan_dict(p: Plan) -> dict[str, Any]:
         "decode_at_concurrency": asdict(p.decode_at_concurrency),
         "prefill": asdict(p.prefill),
         "commands": p.commands,
+        "k3serve_not_yet_supported": list(p.k3serve_not_yet_supported),
         "alternatives": [{"layout": n, "max_concurrency": c, "decode_tokens_per_s": d} for n, c, d in p.alternatives],
         "warnings": list(p.warnings),
     }
 
 
-def _b(x: float) -> str:
-    return f"{x / GB:,.1f} GB"
+_b = nbytes
 
 
 def model_text(name: str, m: dict[str, Any]) -> list[str]:
-    p, w = m["params"], m["weight_gb"]
+    p, w, kv = m["params"], m["weight_bytes"], m["mla_kv_bytes_per_token"]
     return [
-        f"model {name}: {p['total'] / 1e9:,.1f}B params, {p['active'] / 1e9:,.1f}B active per token "
-        f"({p['active_with_input_embedding'] / 1e9:,.1f}B counting the input embedding)",
-        f"  weights: {w['mxfp4']:,.1f} GB MXFP4 experts + BF16 rest | {w['mxfp8']:,.1f} GB MXFP8 | "
-        f"{w['bf16']:,.1f} GB BF16",
-        f"  MLA KV: {m['mla_kv_kib_per_token']['bf16']:.1f} KiB/token BF16, "
-        f"{m['mla_kv_kib_per_token']['fp8']:.1f} KiB FP8; at {m['context_length']:,} tokens "
-        f"{m['kv_gib_per_sequence']['bf16']:.2f} GiB per sequence (BF16)",
-        f"  KDA state: {m['kda_state_mib_per_sequence']:.1f} MiB per sequence (fp32 recurrent + bf16 conv)",
+        f"model {name}: {count(p['total'])} params, {count(p['active'])} active per token "
+        f"({count(p['active_with_input_embedding'])} counting the input embedding)",
+        f"  weights: {nbytes(w['mxfp4'])} MXFP4 experts + BF16 rest | {nbytes(w['mxfp8'])} MXFP8 | "
+        f"{nbytes(w['bf16'])} BF16",
+        f"  MLA KV: {nbytes_binary(kv['bf16'])}/token BF16, {nbytes_binary(kv['fp8'])} FP8; at "
+        f"{m['context_length']:,} tokens {nbytes_binary(m['kv_bytes_per_sequence']['bf16'])} per sequence (BF16)",
+        f"  KDA state: {nbytes_binary(m['kda_state_bytes_per_sequence'])} per sequence "
+        "(fp32 recurrent + bf16 conv)",
     ]
+
+
+def _placement(d: dict[str, Any]) -> str:
+    """Where one replica sits: several per node, one node, or several nodes (then "per node" is not a count
+    of replicas, which would be 0)."""
+    n, per_node, nodes = d["replica_gpus"], d["gpus_per_node"], d["nodes_per_replica"]
+    if nodes > 1:
+        return f"{nodes} nodes of {per_node} GPUs per replica"
+    if d["replicas_per_node"] > 1:
+        return f"{d['replicas_per_node']} replicas per {per_node}-GPU node"
+    return f"one {per_node}-GPU node" + (f", {per_node - n} GPUs of it idle" if n < per_node else "")
 
 
 def plan_text(d: dict[str, Any]) -> list[str]:
     lay, mem = d["layout"], d["memory_per_gpu_bytes"]
-    rack = f", {d['replicas_per_rack']} per NVL72 rack" if d["replicas_per_rack"] is not None else ""
+    rack = f", {d['replicas_per_rack']} replicas per NVL72 rack" if d["replicas_per_rack"] is not None else ""
     dec1, dec, pre = d["decode_batch1"], d["decode_at_concurrency"], d["prefill"]
     out = [
         f"plan on {d['gpu']}: minimum {d['min_gpus_per_replica']} GPUs per replica; planned replica "
-        f"{d['replica_gpus']} GPUs ({d['nodes_per_replica']} node(s), {d['replicas_per_node']} per node{rack})",
+        f"{d['replica_gpus']} GPUs ({_placement(d)}{rack})",
         f"  layout {lay['name']}: TP {lay['tp']} x PP {lay['pp']} x attention-DP {lay['attn_dp']}, EP {lay['ep']}",
         f"  per GPU: weights {_b(mem['weights'])} (experts {_b(mem['routed_experts'])}, attention "
         f"{_b(mem['attention'])}, shared+dense {_b(mem['shared_experts_dense_mlp'])}, replicated "
@@ -112,7 +125,11 @@ def plan_text(d: dict[str, Any]) -> list[str]:
                               or "none"),
         "  launch:",
     ]
-    out += [f"    {k}: {v}" for k, v in d["commands"].items()]
+    for k, v in d["commands"].items():
+        out.append(f"    {k}: {v}")
+        if k == "k3serve" and d["k3serve_not_yet_supported"]:
+            out.append(f"      not yet supported by k3serve, needed by this {d['replica_gpus']}-GPU replica: "
+                       f"{' '.join(d['k3serve_not_yet_supported'])}; until then use the vllm or sglang line")
     out += [f"  warning: {w}" for w in d["warnings"]]
     return out
 
@@ -121,7 +138,8 @@ def summary_text(rows: dict[str, dict[str, Any]]) -> list[str]:
     out = ["minimum GPUs per replica (weights + reserves + one sequence at the context length):"]
     for gpu, r in rows.items():
         rack = f", {r['replicas_per_rack']} per NVL72 rack" if r["replicas_per_rack"] is not None else ""
-        per = (f"{r['replicas_per_node']} per node" if r["replicas_per_node"]
+        k = r["replicas_per_node"]
+        per = (f"{k} replica{'s' if k > 1 else ''} per node" if k
                else f"{r['nodes_per_replica']} nodes per replica")
         out.append(f"  {gpu:7s} {r['min_gpus_per_replica']:4d} GPUs ({r['layout']}), {per}{rack}, "
                    f"max concurrency {r['max_concurrency']}")

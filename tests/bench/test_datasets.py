@@ -6,7 +6,6 @@ import json
 import math
 
 import numpy as np
-from pathlib import Path
 
 import pytest
 
@@ -74,20 +73,19 @@ def test_trace_block_size_shrinks_prompts_and_keeps_sharing(tmp_path):
     assert a.prompt_ids[:64] == b.prompt_ids[:64] and a.prompt_ids[64] != b.prompt_ids[64]
 
 
-def test_shared_trace_replays_whole(tmp_path):
-    trace = str(Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "synthetic_trace.jsonl")
-    try:
-        reqs = build_dataset(DatasetConfig("trace", trace_path=trace, num_prompts=200, trace_block_size=16))
-    except FileNotFoundError:
-        pytest.skip("shared trace not present")
+def test_mooncake_trace_replays_whole(mooncake_trace):
+    reqs = build_dataset(DatasetConfig("trace", trace_path=str(mooncake_trace), num_prompts=200,
+                                       trace_block_size=16))
+    assert len(reqs) == 200
     first = {}
     reused = 0
     for r in reqs:
         key = tuple(r.prompt_ids[:16])
         reused += key in first
         first.setdefault(key, r)
-    assert reused > 0  # the trace's prefix reuse survives the mapping
-    assert all(r.arrival_s is not None for r in reqs) and reqs[0].arrival_s == 0.0
+    assert reused > 50  # the trace's prefix reuse survives the mapping (127 of 200 share a first block)
+    assert all(r.arrival_s is not None for r in reqs) and reqs[0].arrival_s == 0.0  # rebased to the first
+    assert reqs[-1].arrival_s == pytest.approx((1_022_025 - 973_362) / 1000)
 
 
 def test_bad_specs_and_configs():
