@@ -59,8 +59,8 @@ import torch
 from torch import nn
 
 from k3serve.layers.mla import MLAttention
-from k3serve.train.data import SPECIAL_BASE  # the format's tags: never looked up
-from k3serve.train.keyed import (LOOKUP_SOURCES, describe_targets, json_tokens, key_targets, name_targets,
+from training.data import SPECIAL_BASE  # the format's tags: never looked up
+from training.keyed import (LOOKUP_SOURCES, describe_targets, json_tokens, key_targets, name_targets,
                                  type_targets, verdict_targets)
 
 MAX_SOURCES = 8  # a token with more earlier sources than this (quotes, commas) is not a lookup

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from k3serve.train import pools
+from training import pools
 # the offer and the decision sentences, re-exported: callers write ``tasks.decided``, ``tasks.draw_toolset``
-from k3serve.train.offer import (decided, decision_reasoning, decline_content, draw_toolset,  # noqa: F401
+from training.offer import (decided, decision_reasoning, decline_content, draw_toolset,  # noqa: F401
                                  object_twin, same_object)
 # the styles, re-exported: callers write ``tasks.Style``, ``tasks.SHIPPED``
-from k3serve.train.styles import (FORMS, NOTHINKS, PLAIN, REASONINGS, RECALLS, SHIPPED,  # noqa: F401
+from training.styles import (FORMS, NOTHINKS, PLAIN, REASONINGS, RECALLS, SHIPPED,  # noqa: F401
                                   STYLED_KINDS, Style)
 
 KINDS = ("tool", "choose", "decline", "json", "recall", "followup")

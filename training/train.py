@@ -1,6 +1,6 @@
 """Train the default K3 model from scratch on the synthetic tasks, then export it in the HF K3 layout.
 
-    python -m k3serve.train.train --out runs/k3-default --workers 2 --steps 900 --tokens-per-step 2048
+    python -m training.train --out runs/k3-default --workers 2 --steps 900 --tokens-per-step 2048
 
 Plain PyTorch on CPU, data-parallel over ``workers`` processes (``parallel.py``; ``tokens_per_step`` is per
 process), deterministic for a given seed, worker count and thread count; or on one GPU (``--device cuda``,
@@ -32,15 +32,15 @@ from k3serve.core.config import ModelConfig
 from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.moe import MoEGate
 from k3serve.models.kimi import build_model
-from k3serve.train import data, induction, keyed, parallel
-from k3serve.train.config import TrainConfig, add_arguments
-from k3serve.train.export import compact_config, export, load_params, save_compact, snapshot_shifts
-from k3serve.train.forward import train_forward
-from k3serve.train.grow import import_checkpoint
-from k3serve.train.init import context_heads, init_for_training
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.qat import enable_qat, expert_modules
-from k3serve.train.vocab import CompactVocab
+from training import data, induction, keyed, parallel
+from training.config import TrainConfig, add_arguments
+from training.export import compact_config, export, load_params, save_compact, snapshot_shifts
+from training.forward import train_forward
+from training.grow import import_checkpoint
+from training.init import context_heads, init_for_training
+from training.tok import load_tokenizer
+from training.qat import enable_qat, expert_modules
+from training.vocab import CompactVocab
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -239,7 +239,7 @@ def write_log(cfg: TrainConfig, vocab: CompactVocab, log: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m k3serve.train.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0])
     add_arguments(p)
     try:
         cfg = TrainConfig(**vars(p.parse_args(argv)))

@@ -27,9 +27,9 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from k3serve.train import pools, sessions, tasks
-from k3serve.train.render import encode_sample, encode_turns
-from k3serve.train.vocab import CompactVocab
+from training import pools, sessions, tasks
+from training.render import encode_sample, encode_turns
+from training.vocab import CompactVocab
 
 # "session" (sessions.py: several requests over one tool set, every answer learnt) is off unless a mix asks for it
 MIX = {"tool": 0.18, "choose": 0.2, "decline": 0.18, "json": 0.17, "recall": 0.18, "followup": 0.12, "session": 0.0}
@@ -366,7 +366,7 @@ def pack(waiting: list[Encoded], budget: int) -> list[Encoded]:
 
 
 def _produce(queue, vocab_ids: list[int], full_size: int, kwargs: dict) -> None:
-    from k3serve.train.tok import load_tokenizer
+    from training.tok import load_tokenizer
 
     stats: dict[str, int] = {}
     for batch in batches(load_tokenizer(), CompactVocab(vocab_ids, full_size), stats=stats, **kwargs):

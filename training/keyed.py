@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Container, Iterator, Sequence
 
-from k3serve.train.data import SPECIAL_BASE
+from training.data import SPECIAL_BASE
 
 OPEN, CLOSE = 163587, 163588  # <|open|> and <|close|> of the K3 format
 ARGUMENT, RESPONSE = 47185, 12092  # "argument" and "response" after <|open|> (Kimi vocabulary)
@@ -71,7 +71,7 @@ def value_positions(ids: Sequence[int], kind: str) -> set[int] | None:
 
 @functools.cache
 def _tokenizer():
-    from k3serve.train.tok import load_tokenizer
+    from training.tok import load_tokenizer
 
     return load_tokenizer()
 
