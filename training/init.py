@@ -1,6 +1,6 @@
 """How a training run starts its weights: the writer's random init, adjusted for training from scratch.
 
-Options used by probes (``benchmarks/RESULTS.md``, "Who copies"): MLA projections at another std, and a
+Options used by probes (``training/RESULTS.md``, "Who copies"): MLA projections at another std, and a
 previous-token head in the first KDA layers.
 """
 
