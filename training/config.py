@@ -176,7 +176,7 @@ HELP = {
     "induce_long": "synthetic copies lengthen with the recall lists up to this many tokens (0: 4-24 throughout)",
     "history_frac": "fraction of the samples (not recall lists) with 1-3 earlier short exchanges in front",
     "lookup_objects": "fraction of the lookups that ask keys in quotes and are answered as an object (the "
-                      "call's key tokens; run wk5: 0.5)",
+                      "call's key tokens)",
     "tool_leaves": f"tool, choose and decline requests have 1 to this many argument leaves (evaluations: "
                    f"{tasks.TOOL_LEAVES}, declines {tasks.DECLINE_LEAVES}; more teaches a call not to close after "
                    "the usual count)",
@@ -186,12 +186,11 @@ HELP = {
                      "verb (share_road beside convert_road), so that such a tool in the offer does not mean a "
                      "decline",
     "array_repeats": "fraction of the array values in tool, choose and JSON requests that write one word twice "
-                     "(drawn freely about 3%% do; at such an array's repeated word wx56 wrote that word until "
-                     "max_tokens)",
+                     "(drawn freely about 3%% do: too few to learn where such an array ends)",
     "array_twins": "fraction of those arrays (--array-repeats) that write the repeated word last, beside its twin "
-                   "([\"river\",\"island\",\"island\"]: where wx63 wrote that word until max_tokens)",
-    "hard_from": "curriculum progress from which --decline-object and --choose-object apply (0: throughout; "
-                 "run wx43, both 0.5 throughout, lost choices and declines alike)",
+                   "([\"river\",\"island\",\"island\"]; --array-repeats alone puts the twins last in about a quarter "
+                   "of the three-word arrays)",
+    "hard_from": "curriculum progress from which --decline-object and --choose-object apply (0: throughout)",
     "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "
            "lengthen, to keep its token share): e.g. recall=0,choose=0.3; defaults: "
            + ",".join(f"{k}={v}" for k, v in data.MIX.items()),

@@ -32,7 +32,7 @@ from training.tok import load_tokenizer
 from training.vocab import CompactVocab
 
 # "object": declines whose asked tool shares its object with an offered one (``convert_road`` asked,
-# ``share_road`` offered), the declines shipped runs miss most (wx16: 3 of 17 through the server)
+# ``share_road`` offered), the declines a model finds hardest
 KINDS = ("decline", "object", "tool", "choose")
 
 

@@ -158,7 +158,7 @@ def training_model(cfg: TrainConfig, full: ModelConfig, vocab: CompactVocab) -> 
         load_params(model, vocab, source)
         have = snapshot_shifts(source)
     # After any import, and only the heads the source lacks: a continued snapshot's context heads have trained
-    # on, and setting them again reset wx21 (loss 11 at its step 25) instead of continuing wx20.
+    # on, and setting them again would restart the run (loss back near 11) instead of continuing it.
     if cfg.split_shifts > have:
         first_kda = next(m for m in model.modules() if isinstance(m, KimiDeltaAttention))
         context_heads(first_kda, cfg.split_shifts, full.text.hidden_size // 2, start=have)
