@@ -3,7 +3,7 @@
     python benchmarks/kda_prefill.py [--T 8192] [--heads 4] [--dim 64] [--threads 1] [--gate mild|strong]
     python benchmarks/kda_prefill.py --train --T 2000 --dim 32 --gate strong
 
-With ``--train``: the differentiable training form (`train/kda_autograd.py`), forward + backward, with its
+With ``--train``: the differentiable training form (`training/kda_autograd.py`), forward + backward, with its
 in-chunk terms by 16-token sub-blocks against the pairwise ``[C, C, K]`` form it used before whenever a
 chunk could decay by more than exp(160) (any gate below -2.5 at C = 64); outputs and gradients are compared
 first.
@@ -16,8 +16,10 @@ compared before any figure is printed (no timing on a red gate).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -71,7 +73,8 @@ def main() -> None:
 
 
 def train_form(a: argparse.Namespace, *inputs: torch.Tensor) -> None:
-    from k3serve.train import kda_autograd
+    sys.path.append(str(Path(__file__).resolve().parents[1]))  # training/ sits at the repository root, not installed
+    from training import kda_autograd
 
     def fwd_bwd(sub: int) -> list[torch.Tensor]:
         kda_autograd.SUB = sub  # a sub-block as large as the chunk: the pairwise form

@@ -1,6 +1,6 @@
 """Score the default K3 model on fresh held-out synthetic tasks (issue 6 acceptance).
 
-Tasks come from ``k3serve.train.tasks`` on the held-out side of the name split (tool / schema names the
+Tasks come from ``training.tasks`` on the held-out side of the name split (tool / schema names the
 training never drew), with a seed the training never used, so names, values and schemas are new
 combinations. Recall prompts hold >= 2k tokens of context.
 
@@ -25,14 +25,18 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
 
-from k3serve.train import tasks
-from k3serve.train.render import STOP_ID, parse_message, prompt_ids
-from k3serve.train.tok import load_tokenizer
+# the tasks come from the trainer, training/ at the repository root, which pip does not install
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from training import tasks  # noqa: E402
+from training.render import STOP_ID, parse_message, prompt_ids  # noqa: E402
+from training.tok import load_tokenizer  # noqa: E402
 
 TARGETS = {"tool": 0.9, "decline": 0.9, "json": 0.9, "json_valid": 1.0, "recall": 0.95}
 # records per recall list, by recall form: ~2.1k tokens of context either way (a restated record is two tokens

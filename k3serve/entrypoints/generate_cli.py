@@ -9,7 +9,7 @@ import time
 
 import torch
 
-# The small K3 trained by k3serve.train and shipped in the package (k3serve/models/weights/k3-default).
+# The small K3 trained by the repository's `training/` and shipped in the package (k3serve/models/weights/k3-default).
 DEFAULT_MODEL = "k3-default"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -4,7 +4,7 @@
 on first use into the cache directory (``$K3SERVE_CACHE``, else ``$XDG_CACHE_HOME/k3serve``, else
 ``~/.cache/k3serve``), so every command works offline before any real weights exist.
 ``TRAINED_MODELS`` are checkpoints shipped inside the package (``k3serve/models/weights/<name>``), e.g. the
-default model ``k3-default`` trained by ``k3serve.train`` (see ``k3serve/train/README.md``).
+default model ``k3-default`` trained by the repository's ``training/`` (see ``training/README.md``).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def test_default_model_is_a_k3_checkpoint_within_budget(path):
 
 
 def _held_out(kind: str, n: int = 8):
-    from k3serve.train import tasks
+    from training import tasks
 
     rng = random.Random(4242 + len(kind))  # asked as the shipped model was trained to read requests
     return [tasks.make(kind, rng, held_out=True, style=tasks.SHIPPED) for _ in range(n)]
@@ -58,8 +58,8 @@ def _held_out(kind: str, n: int = 8):
 
 def _answers(llm, samples):
     from k3serve import SamplingParams
-    from k3serve.train.render import parse_output, prompt_ids
-    from k3serve.train.tok import load_tokenizer
+    from training.render import parse_output, prompt_ids
+    from training.tok import load_tokenizer
 
     tok = load_tokenizer()
     outs = llm.generate([prompt_ids(s, tok) for s in samples], SamplingParams(temperature=0, max_tokens=160))

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from k3serve.train import tasks
+from training import tasks
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tiny_eval.py"
 
@@ -59,8 +59,8 @@ def test_without_a_model_name_it_asks_for_the_first_served_model(tiny_eval):
 
 @pytest.mark.parametrize("recall", tasks.RECALLS)
 def test_recall_lists_hold_at_least_2k_tokens_in_either_form(tiny_eval, recall):
-    from k3serve.train.render import prompt_ids
-    from k3serve.train.tok import load_tokenizer
+    from training.render import prompt_ids
+    from training.tok import load_tokenizer
 
     tok = load_tokenizer()
     samples = [s for s in tiny_eval.make_tasks(3, 7, recall=recall) if s.kind == "recall"]

@@ -253,9 +253,9 @@ def test_strict_tools_accept_every_gold_answer_of_the_training_tasks(lltok):
     import random
 
     from k3serve.server.grammars import strict_tools_grammar
-    from k3serve.train import tasks
-    from k3serve.train.render import encode_sample, prompt_ids, request_options
-    from k3serve.train.tok import load_tokenizer
+    from training import tasks
+    from training.render import encode_sample, prompt_ids, request_options
+    from training.tok import load_tokenizer
 
     tk = load_tokenizer()
     rng = random.Random(11)

@@ -10,15 +10,15 @@ import torch
 
 from k3serve.core.config import ModelConfig
 from k3serve.models.kimi import build_model
-from k3serve.train import argprobe, tasks
-from k3serve.train.export import compact_config, export
-from k3serve.train.grow import open_model
-from k3serve.train.init import init_for_training
-from k3serve.train.qat import enable_qat
-from k3serve.train.render import encode_sample
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.config import DEFAULT_CONFIG
-from k3serve.train.vocab import CompactVocab
+from training import argprobe, tasks
+from training.export import compact_config, export
+from training.grow import open_model
+from training.init import init_for_training
+from training.qat import enable_qat
+from training.render import encode_sample
+from training.tok import load_tokenizer
+from training.config import DEFAULT_CONFIG
+from training.vocab import CompactVocab
 
 
 def test_argument_tokens_cover_each_key_and_value_exactly():

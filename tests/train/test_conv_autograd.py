@@ -9,8 +9,8 @@ import torch
 
 import k3serve.ops.short_conv  # noqa: F401
 from k3serve.ops.short_conv import causal_conv1d, naive_causal_conv1d
-from k3serve.train.conv_autograd import packed_conv_train
-from k3serve.train.forward import training_backend
+from training.conv_autograd import packed_conv_train
+from training.forward import training_backend
 from k3serve.ops import registry
 
 LENS = [0, 1, 2, 3, 5, 17, 64, 0, 9]

@@ -12,12 +12,12 @@ from k3serve.core.config import ModelConfig
 from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.mla import MLAttention
 from k3serve.models.kimi import build_model
-from k3serve.train import copyprobe, data
-from k3serve.train.export import compact_config, save_compact
-from k3serve.train.forward import train_forward
-from k3serve.train.init import init_for_training
-from k3serve.train.config import DEFAULT_CONFIG
-from k3serve.train.vocab import CompactVocab
+from training import copyprobe, data
+from training.export import compact_config, save_compact
+from training.forward import train_forward
+from training.init import init_for_training
+from training.config import DEFAULT_CONFIG
+from training.vocab import CompactVocab
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from k3serve.train import decideprobe, tasks
-from k3serve.train.render import encode_sample
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.vocab import CompactVocab
+from training import decideprobe, tasks
+from training.render import encode_sample
+from training.tok import load_tokenizer
+from training.vocab import CompactVocab
 
 
 @pytest.fixture(scope="module")

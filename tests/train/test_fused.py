@@ -1,4 +1,4 @@
-"""The training forms of ``train/fused.py`` against the layers' torch forms: values and gradients, odd shapes."""
+"""The training forms of ``training/fused.py`` against the layers' torch forms: values and gradients, odd shapes."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ import torch
 import k3serve.layers.activation  # noqa: F401  (registers the torch forms)
 import k3serve.layers.attn_res  # noqa: F401
 import k3serve.layers.norm  # noqa: F401
-import k3serve.train.fused  # noqa: F401
+import training.fused  # noqa: F401
 from k3serve.ops import registry
 
 
@@ -66,7 +66,7 @@ def test_situ_and_mul(linear_beta):
 def test_fused_grads_in_float64():
     """The hand-written backwards are the exact derivatives (gradcheck falls back to the torch form for
     non-fp32 inputs, so check the autograd Functions directly)."""
-    from k3serve.train.fused import _AttnResMix, _GatedRMSNorm, _RMSNorm
+    from training.fused import _AttnResMix, _GatedRMSNorm, _RMSNorm
     gen = torch.Generator().manual_seed(4)
     dd = dict(dtype=torch.float64, requires_grad=True)
     x, z = (torch.randn(3, 5, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(2))

@@ -5,21 +5,21 @@ import json
 import pytest
 import torch
 
-import k3serve.train.kda_autograd as kda_train
+import training.kda_autograd as kda_train
 from k3serve.core.config import ModelConfig
 from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.models.kimi import build_model
-from k3serve.train import tasks
-from k3serve.train.export import compact_config, export
-from k3serve.train.forward import train_forward
-from k3serve.train import grow
-from k3serve.train.grow import import_checkpoint
-from k3serve.train.init import init_for_training
-from k3serve.train.qat import enable_qat
-from k3serve.train.render import encode_sample
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.config import DEFAULT_CONFIG
-from k3serve.train.vocab import CompactVocab
+from training import tasks
+from training.export import compact_config, export
+from training.forward import train_forward
+from training import grow
+from training.grow import import_checkpoint
+from training.init import init_for_training
+from training.qat import enable_qat
+from training.render import encode_sample
+from training.tok import load_tokenizer
+from training.config import DEFAULT_CONFIG
+from training.vocab import CompactVocab
 
 
 @pytest.fixture(scope="module")

@@ -10,20 +10,20 @@ from k3serve.core.config import ModelConfig
 from k3serve.layers.mla import MLAttention
 from k3serve.models.kimi import build_model
 from k3serve.ops.mla.naive import naive_mla_attention
-from k3serve.train import data, induction
-from k3serve.train.export import compact_config
-from k3serve.train.forward import train_forward
-from k3serve.train import tasks
-from k3serve.train.induction import (MLAInputs, attention_loss, follow_targets, head_qk, induced_positions,
+from training import data, induction
+from training.export import compact_config
+from training.forward import train_forward
+from training import tasks
+from training.induction import (MLAInputs, attention_loss, follow_targets, head_qk, induced_positions,
                                      induction_targets, lookup_targets)
-from k3serve.train.keyed import (describe_targets, key_targets, name_targets, type_targets, value_positions,
+from training.keyed import (describe_targets, key_targets, name_targets, type_targets, value_positions,
                                  verdict_targets)
-from k3serve.train.render import encode_sample
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.init import init_for_training
-from k3serve.train.config import DEFAULT_CONFIG
-from k3serve.train.train import step_loss
-from k3serve.train.vocab import CompactVocab
+from training.render import encode_sample
+from training.tok import load_tokenizer
+from training.init import init_for_training
+from training.config import DEFAULT_CONFIG
+from training.train import step_loss
+from training.vocab import CompactVocab
 
 
 def test_targets_are_the_positions_after_earlier_occurrences():
@@ -166,7 +166,7 @@ def test_step_loss_adds_the_supervision_and_its_gradient_reaches_the_queries(mod
 @torch.no_grad()
 def test_context_heads_write_the_tokens_before_into_the_second_half():
     from k3serve.layers.kda import KimiDeltaAttention
-    from k3serve.train.init import SHIFT_DECAY, SPLIT_GAIN, context_heads
+    from training.init import SHIFT_DECAY, SPLIT_GAIN, context_heads
 
     full = ModelConfig.from_file(DEFAULT_CONFIG)
     vocab = CompactVocab(set(range(1000, 1400)), full.text.vocab_size)

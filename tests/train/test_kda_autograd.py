@@ -7,9 +7,9 @@ import torch.nn.functional as F
 import k3serve.ops.kda  # noqa: F401
 from k3serve.ops import registry
 from k3serve.ops.kda import naive_recurrent_kda
-from k3serve.train.forward import training_backend
-from k3serve.train import kda_autograd
-from k3serve.train.kda_autograd import _intra, chunk_kda_train
+from training.forward import training_backend
+from training import kda_autograd
+from training.kda_autograd import _intra, chunk_kda_train
 
 
 def _inputs(lens, H=2, K=8, V=6, g_scale=5.0, seed=0):

@@ -3,10 +3,10 @@
 import json
 import random
 
-from k3serve.train import keyed, tasks
-from k3serve.train.keyed import answer_keys, key_targets, name_targets, type_targets, value_positions
-from k3serve.train.render import encode_sample
-from k3serve.train.tok import load_tokenizer
+from training import keyed, tasks
+from training.keyed import answer_keys, key_targets, name_targets, type_targets, value_positions
+from training.render import encode_sample
+from training.tok import load_tokenizer
 
 CHECK = tasks.Style("lines", "check", "decide", "restate")  # the verdict and name pointers as the check reasoning has them
 
@@ -222,8 +222,8 @@ def test_describe_points_at_the_offered_tools_description_or_at_the_start_for_a_
                     (j,) = sources
                     assert j < n and tok.decode(ids[j - 4:j + 2]) == f" this to {verb} the {obj}."
     # a session: each answer's sentence points on its own, at a description, never at an earlier answer
-    from k3serve.train import sessions
-    from k3serve.train.render import encode_turns
+    from training import sessions
+    from training.render import encode_turns
 
     for seed in range(4):
         s = sessions.make(random.Random(seed), thinking=False, style=tasks.SHIPPED)

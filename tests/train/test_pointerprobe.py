@@ -8,13 +8,13 @@ import pytest
 
 from k3serve.core.config import ModelConfig
 from k3serve.models.kimi import build_model
-from k3serve.train import keyed, pointerprobe, tasks
-from k3serve.train.config import DEFAULT_CONFIG
-from k3serve.train.export import compact_config
-from k3serve.train.init import init_for_training
-from k3serve.train.render import encode_sample
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.vocab import CompactVocab
+from training import keyed, pointerprobe, tasks
+from training.config import DEFAULT_CONFIG
+from training.export import compact_config
+from training.init import init_for_training
+from training.render import encode_sample
+from training.tok import load_tokenizer
+from training.vocab import CompactVocab
 
 
 @pytest.fixture(scope="module")

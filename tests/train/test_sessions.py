@@ -8,10 +8,10 @@ import random
 import pytest
 import torch
 
-from k3serve.train import data, sessions, tasks, train
-from k3serve.train.render import STOP_ID, encode_sample, encode_turns, parse_output
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.vocab import CompactVocab
+from training import data, sessions, tasks, train
+from training.render import STOP_ID, encode_sample, encode_turns, parse_output
+from training.tok import load_tokenizer
+from training.vocab import CompactVocab
 
 STYLES = [tasks.PLAIN, tasks.Style("lines", "check", "decide")]
 
@@ -115,7 +115,7 @@ def test_mix_draws_sessions_only_when_asked(tok):
 
 
 def test_generate_writes_sessions_with_every_answer_counted(tmp_path):
-    from k3serve.train import generate
+    from training import generate
 
     out = tmp_path / "s.jsonl"
     kinds = ["session", "tool", "followup"]

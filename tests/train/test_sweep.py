@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from k3serve.train import sweep
+from training import sweep
 
 
 def test_parse_variants():

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from k3serve.train import data, pools, sessions, tasks
-from k3serve.train.render import STOP_ID, encode_sample, parse_output, prompt_ids
-from k3serve.train.tok import load_tokenizer
+from training import data, pools, sessions, tasks
+from training.render import STOP_ID, encode_sample, parse_output, prompt_ids
+from training.tok import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_recall_target_is_far_back():
 
 
 def test_restated_recall_answers_with_the_line_and_every_word_is_one_induction_step(tok):
-    from k3serve.train.induction import induction_targets
+    from training.induction import induction_targets
 
     plain = tasks.make("recall", random.Random(5), records=120, thinking=False)
     s = tasks.make("recall", random.Random(5), records=120, thinking=False, style=tasks.Style(recall="restate"))
@@ -369,7 +369,7 @@ def test_list_reasoning_lists_the_offered_tools_with_the_asked_verb():
 def test_assign_reasoning_writes_the_name_as_the_call_does():
     """``reasoning="assign"``: the reasoning's `` tool="NAME"`` is token for token the call's, so an induction
     step (``induction_targets``) points the call's first name token back at the reasoning's."""
-    from k3serve.train.induction import induction_targets
+    from training.induction import induction_targets
 
     tok, rng, assign = load_tokenizer(), random.Random(4), tasks.Style("lines", "assign", "decide")
     for thinking in (True, False):
@@ -569,7 +569,7 @@ def test_assoc_samples_lengthen_with_the_curriculum():
 def test_probe_style_arguments_default_to_the_shipped_style():
     import argparse
 
-    from k3serve.train.styles import add_style_arguments, style_of
+    from training.styles import add_style_arguments, style_of
 
     p = argparse.ArgumentParser()
     add_style_arguments(p)

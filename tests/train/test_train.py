@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,16 +17,16 @@ from k3serve.core.config import ModelConfig
 from k3serve.models.generate import SimpleRunner
 from k3serve.models.kimi import build_model
 from k3serve.models.loader import load_model
-from k3serve.train import tasks
-from k3serve.train.data import Encoded
-from k3serve.train.qat import enable_qat
-from k3serve.train.render import encode_sample
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.export import compact_config, export, load_compact, save_compact
-from k3serve.train.init import init_for_training
-from k3serve.train.config import DEFAULT_CONFIG, TrainConfig
-from k3serve.train.train import step_loss
-from k3serve.train.vocab import CompactVocab
+from training import tasks
+from training.data import Encoded
+from training.qat import enable_qat
+from training.render import encode_sample
+from training.tok import load_tokenizer
+from training.export import compact_config, export, load_compact, save_compact
+from training.init import init_for_training
+from training.config import DEFAULT_CONFIG, TrainConfig
+from training.train import step_loss
+from training.vocab import CompactVocab
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +65,8 @@ def test_loss_falls_on_a_repeated_batch(setup):
 def test_probe_measures_quantisation_and_keeps_the_qat_state(setup):
     from torch.nn.utils import parametrize
 
-    from k3serve.train.qat import expert_modules
-    from k3serve.train.train import probe_losses
+    from training.qat import expert_modules
+    from training.train import probe_losses
 
     model, vocab, batch = setup
     enable_qat(model)
@@ -86,7 +87,7 @@ def test_export_loads_and_matches(setup, tmp_path):
     assert cfg.experts_mxfp4 and cfg.text.vocab_size == 163840
     ids = batch[0].ids[:60]
     with torch.no_grad():
-        from k3serve.train.forward import train_forward
+        from training.forward import train_forward
 
         want = model.compute_logits(train_forward(model, [torch.tensor(vocab.to_compact(ids))]))[-1]
     got = SimpleRunner(loaded, max_seqs=1, max_len=64).step({0: ids})[0]
@@ -107,7 +108,7 @@ def test_export_loads_and_matches(setup, tmp_path):
 def test_continuing_a_run_loads_its_snapshot_and_checks_the_vocabulary(setup, tmp_path):
     import json
 
-    from k3serve.train.export import load_params
+    from training.export import load_params
 
     model, vocab, _ = setup
     snap = save_compact(model, tmp_path / "compact" / "step_3.safetensors")
@@ -126,7 +127,7 @@ def test_a_continued_run_keeps_the_snapshots_context_heads(setup, tmp_path):
     over trained ones reset a continued run (wx21)."""
     import json
 
-    from k3serve.train.train import training_model
+    from training.train import training_model
 
     _, vocab, _ = setup
     full = ModelConfig.from_file(DEFAULT_CONFIG)
@@ -153,7 +154,7 @@ def test_a_continued_run_keeps_the_snapshots_context_heads(setup, tmp_path):
 def test_export_cli_writes_a_snapshot_step(setup, tmp_path, capsys):
     import json
 
-    from k3serve.train import export as export_mod
+    from training import export as export_mod
 
     model, vocab, _ = setup
     save_compact(model, tmp_path / "compact" / "step_7.safetensors", {"config": "/elsewhere/k3-default.json"})
@@ -194,7 +195,7 @@ def test_config_validation():
 
 
 def test_copy_warmup_schedule():
-    from k3serve.train import data
+    from training import data
 
     tok = load_tokenizer()
     vocab = CompactVocab(data.inventory(tok, seed=1, per_kind=30), 163840)
@@ -230,7 +231,7 @@ def test_copy_warmup_schedule():
 
 
 def test_batches_are_deterministic_and_follow_the_curriculum():
-    from k3serve.train import data
+    from training import data
 
     tok = load_tokenizer()
     vocab = CompactVocab(data.inventory(tok, seed=1, per_kind=30), 163840)
@@ -255,7 +256,7 @@ def test_batches_are_deterministic_and_follow_the_curriculum():
 
 
 def test_pack_takes_the_oldest_then_what_fits():
-    from k3serve.train import data
+    from training import data
 
     a, b, c, d, e, f = (Encoded("tool", [1] * n, 1) for n in (500, 1500, 300, 200, 900, 2500))
     waiting = [a, b, c, d, e, f]
@@ -265,7 +266,7 @@ def test_pack_takes_the_oldest_then_what_fits():
 
 
 def test_lookahead_packs_fuller_batches_of_the_same_samples():
-    from k3serve.train import data
+    from training import data
 
     tok = load_tokenizer()
     vocab = CompactVocab(data.inventory(tok, seed=1, per_kind=30), 163840)
@@ -290,7 +291,7 @@ def test_lookahead_packs_fuller_batches_of_the_same_samples():
 
 
 def test_task_mix_replaces_the_default_weights():
-    from k3serve.train import data
+    from training import data
 
     assert data.parse_mix("") == data.MIX
     mix = data.parse_mix(" recall=0, choose=0.5 ")
@@ -320,13 +321,13 @@ def test_keep_freed_memory_applies_on_glibc_in_a_child():
     import subprocess
     import sys
 
-    code = "from k3serve.train.parallel import keep_freed_memory; print(keep_freed_memory())"
+    code = "from training.parallel import keep_freed_memory; print(keep_freed_memory())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ("True" if sys.platform.startswith("linux") else "False")
 
 
 def test_train_cli_explains_every_flag_and_rejects_bad_values_in_one_line(capsys):
-    from k3serve.train import config, train as train_mod
+    from training import config, train as train_mod
 
     with pytest.raises(SystemExit) as e:
         train_mod.main(["--help"])
@@ -340,7 +341,7 @@ def test_train_cli_explains_every_flag_and_rejects_bad_values_in_one_line(capsys
             train_mod.main(["--out", "unused", *bad])
         assert e.value.code == 2
         err = capsys.readouterr().err
-        assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("python -m k3serve.train.train: error: ")
+        assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("python -m training.train: error: ")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux-only")
@@ -351,7 +352,7 @@ def test_spawned_ranks_stop_when_the_launcher_is_killed(tmp_path):
     script = tmp_path / "launch.py"
     script.write_text(textwrap.dedent(f"""
         import os, time
-        from k3serve.train import parallel
+        from training import parallel
         def work(rank, world):
             with open({str(pids)!r}, "a") as f:
                 f.write(f"{{os.getpid()}}\\n")
@@ -359,7 +360,9 @@ def test_spawned_ranks_stop_when_the_launcher_is_killed(tmp_path):
         if __name__ == "__main__":
             parallel.launch(work, 2)
     """))
-    shell = subprocess.Popen(["bash", "-c", f"{sys.executable} {script} & echo $! > {parent}; wait"])
+    root = str(Path(__file__).resolve().parents[2])  # training/ is not installed: the child finds it here
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+    shell = subprocess.Popen(["bash", "-c", f"{sys.executable} {script} & echo $! > {parent}; wait"], env=env)
     ranks: list[int] = []
     try:
         deadline = time.time() + 60
@@ -389,7 +392,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_synthetic_copies_lengthen_only_when_asked():
-    from k3serve.train import data
+    from training import data
 
     assert data.induce_items(0.9) == data.induce_items(0.0) == data.INDUCE_ITEMS
     assert data.induce_items(0.0, 300) == data.INDUCE_ITEMS
@@ -408,7 +411,7 @@ def test_synthetic_copies_lengthen_only_when_asked():
 def test_init_options_shape_the_attention_layers():
     from k3serve.layers.kda import KimiDeltaAttention
     from k3serve.layers.mla import MLAttention
-    from k3serve.train.init import MLA_SCALED
+    from training.init import MLA_SCALED
 
     full = ModelConfig.from_file(DEFAULT_CONFIG)
     vocab = CompactVocab(range(1000, 1400), full.text.vocab_size)
@@ -425,7 +428,7 @@ def test_init_options_shape_the_attention_layers():
     other = ids.clone()
     other[5] = vocab.to_compact([1300])[0]
     for x in (ids, other):
-        from k3serve.train.forward import train_forward
+        from training.forward import train_forward
         train_forward(model, [x])
     diff = (heads[0] - heads[1]).abs().amax(-1)  # [N, H]
     # head 0 reads the token before: a change at 5 shows at 5 (gate, beta) and 6 (the value), ~nothing later.
@@ -437,7 +440,7 @@ def test_init_options_shape_the_attention_layers():
 
 def test_train_runs_its_loop_and_writes_snapshots(tmp_path):
     """Two steps of ``train()`` itself: expert-load balancing, logging, compact snapshots, final probe."""
-    from k3serve.train.train import train
+    from training.train import train
 
     cfg = TrainConfig(out=tmp_path, steps=2, tokens_per_step=256, log_every=1, save_every=2, warmup=1)
     model, vocab, log = train(cfg, load_tokenizer())
@@ -461,7 +464,7 @@ def test_stop_after_ends_a_run_as_the_first_steps_of_the_whole_one(tmp_path):
     snapshot at that step, and it goes no further."""
     from safetensors.torch import load_file
 
-    from k3serve.train.train import lr_at, train
+    from training.train import lr_at, train
 
     whole = TrainConfig(out=tmp_path / "whole", steps=3, tokens_per_step=256, log_every=1, save_every=1, warmup=0)
     assert lr_at(whole, 1) != lr_at(dataclasses.replace(whole, steps=2), 1)  # a 2-step schedule would differ

@@ -10,8 +10,8 @@ from k3serve.core.config import ModelConfig
 from k3serve.layers.moe import RoutedExperts
 from k3serve.models.registry import CONFIG_DIR
 from k3serve.ops.mx import mxfp4_dequantize, mxfp4_quantize
-from k3serve.train.qat import enable_qat, fake_quant_mxfp4, pack_experts
-from k3serve.train.vocab import CompactVocab
+from training.qat import enable_qat, fake_quant_mxfp4, pack_experts
+from training.vocab import CompactVocab
 
 
 def test_compact_loss_is_full_vocab_loss_with_zero_rows():

@@ -37,9 +37,9 @@ from k3serve.models.kimi import build_model, text_model
 from k3serve.models.loader import load_model
 from k3serve.models.writer import init_random_
 from k3serve.ops.mx.quant import mxfp4_dequantize
-from k3serve.train.export import compact_config, open_run
-from k3serve.train.qat import enable_qat, expert_modules
-from k3serve.train.vocab import CompactVocab
+from training.export import compact_config, open_run
+from training.qat import enable_qat, expert_modules
+from training.vocab import CompactVocab
 
 NEW_CHANNEL_SCALE = 0.1
 

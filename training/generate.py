@@ -1,6 +1,6 @@
 """Write synthetic K3 conversations as JSON lines (the training stream draws the same tasks on the fly).
 
-    python -m k3serve.train.generate --n 20 --out /tmp/k3-tasks.jsonl [--held-out] [--seed 0]
+    python -m training.generate --n 20 --out /tmp/k3-tasks.jsonl [--held-out] [--seed 0]
 
 Each line: the OpenAI-style request (messages, tools, response_format, thinking, effort), the assistant
 ``target``, the ``expected`` answer, the rendered K3 text (prompt + answer) and its token counts (a session's
@@ -16,9 +16,9 @@ import json
 import random
 import sys
 
-from k3serve.train import sessions, tasks
-from k3serve.train.render import encode_sample, encode_turns
-from k3serve.train.tok import load_tokenizer
+from training import sessions, tasks
+from training.render import encode_sample, encode_turns
+from training.tok import load_tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,15 +8,15 @@ writes a fresh answer (reasoning too, when thinking), so the training data marks
 span (``render.encode_turns``) and the loss covers them all. The last turn is a single-turn ``tool``,
 ``choose`` or ``decline`` answer with history in front, and is what ``expected`` and ``score`` check.
 
-    python -m k3serve.train.generate --kinds session --n 2
+    python -m training.generate --kinds session --n 2
 """
 
 from __future__ import annotations
 
 import random
 
-from k3serve.train import tasks
-from k3serve.train.tasks import PLAIN, Sample, Style
+from training import tasks
+from training.tasks import PLAIN, Sample, Style
 
 TURNS = (2, 4)  # requests per session
 THINKING = 0.6  # the share of sessions in thinking mode, as for single tasks (``tasks.make``)

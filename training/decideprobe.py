@@ -10,8 +10,8 @@ token where the two encodings differ, and reports P(right) / (P(right) + P(other
 learnt the decision sits near its training prior for every kind alike. The ``object`` kind is declines whose
 asked tool shares its object with an offered one (``tasks.make_decline``'s ``object_share``).
 
-    python -m k3serve.train.decideprobe k3serve/models/weights/k3-default
-    python -m k3serve.train.decideprobe runs/wk4 --form inline --reasoning plain
+    python -m training.decideprobe k3serve/models/weights/k3-default
+    python -m training.decideprobe runs/wk4 --form inline --reasoning plain
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from k3serve.train import tasks
-from k3serve.train.forward import train_forward
-from k3serve.train.grow import add_source_arguments, add_task_arguments, parse_source
-from k3serve.train.render import encode_sample
-from k3serve.train.styles import add_style_arguments, style_of
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.vocab import CompactVocab
+from training import tasks
+from training.forward import train_forward
+from training.grow import add_source_arguments, add_task_arguments, parse_source
+from training.render import encode_sample
+from training.styles import add_style_arguments, style_of
+from training.tok import load_tokenizer
+from training.vocab import CompactVocab
 
 # "object": declines whose asked tool shares its object with an offered one (``convert_road`` asked,
-# ``share_road`` offered), the declines shipped runs miss most (wx16: 3 of 17 through the server)
+# ``share_road`` offered), the declines a model finds hardest
 KINDS = ("decline", "object", "tool", "choose")
 
 
@@ -81,7 +81,7 @@ def probe(model: nn.Module, vocab: CompactVocab, tokenizer, style: tasks.Style, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m k3serve.train.decideprobe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.decideprobe", description=__doc__.splitlines()[0])
     add_source_arguments(p)
     add_task_arguments(p, 15, 99, "held-out tasks per kind and thinking mode")
     add_style_arguments(p)

@@ -5,7 +5,7 @@ one). Scoring the greedy token at each answer position, with the right answer so
 which of the two fails: a model that copies but cannot find the record misses position 0 (the passage form,
 where the first word sits three tokens after the label) and gets the rest.
 
-    python -m k3serve.train.recallprobe runs/wi1 [--recall-form passage|restate] [--records 150] [--n 10]
+    python -m training.recallprobe runs/wi1 [--recall-form passage|restate] [--records 150] [--n 10]
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import sys
 import torch
 from torch import nn
 
-from k3serve.train import tasks
-from k3serve.train.forward import train_forward
-from k3serve.train.grow import add_source_arguments, open_source
-from k3serve.train.render import encode_sample
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.vocab import CompactVocab
+from training import tasks
+from training.forward import train_forward
+from training.grow import add_source_arguments, open_source
+from training.render import encode_sample
+from training.tok import load_tokenizer
+from training.vocab import CompactVocab
 
 
 @torch.no_grad()
@@ -53,7 +53,7 @@ def by_position(model: nn.Module, vocab: CompactVocab, tok, recall: str, records
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m k3serve.train.recallprobe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.recallprobe", description=__doc__.splitlines()[0])
     add_source_arguments(p)
     p.add_argument("--recall-form", choices=tasks.RECALLS, default=tasks.SHIPPED.recall,
                    help="how the lists write their records (the form the model was trained on)")

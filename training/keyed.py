@@ -7,18 +7,17 @@ answer writes. ``answer_keys`` finds every key K an answer writes: the position 
 token that ends in ``"``), its tokens, and the position whose next token shows its type. Two pointers follow:
 
 - ``type_targets`` (head 1): at the type, the request position right after ``K:``, whose token shows the type
-  (``minute: "``, ``nights: 4``, ``artist: {``); run wm1's wrong arguments mostly had the wrong type.
+  (``minute: "``, ``nights: 4``, ``artist: {``): a wrong argument most often has the wrong type.
 - ``name_targets`` (head 1): at a call's ``tool="``, the tool's name where the answer's reasoning wrote it
-  (`` close`` ``_payment``, the first token with its space) and where the declarations do. Teacher-forced with
-  the reasoning naming the right tool, run wv3 still wrote another tool's verb there in 6 of 30 choices.
-  Spelled (``--attn-spell``), at each later token of the name too: run wx3 wrote ``book_flight`` where its
-  reasoning said ``book_hotel``. Run wx4 with it lost the choice among tools (16/40 against 34/40), so the
-  shipped recipe leaves it off.
+  (`` close`` ``_payment``, the first token with its space) and where the declarations do: with the reasoning
+  naming the right tool, a call can still write another tool's verb there. Spelled (``--attn-spell``), at each
+  later token of the name too (``book_flight`` written where the reasoning said ``book_hotel``); it costs the
+  choice among tools, so the shipped recipe leaves it off.
 - ``verdict_targets`` (head 1): at the reasoning's ``The tool NAME`` (its last token, where ``does`` or ``is``
   comes next), NAME's last token where the declarations wrote it; the first position when no declaration does
-  (a decline). wx10's declines failed where a hard negative was offered (``open_table`` for ``set_table``):
-  the reasoning named the asked tool and said ``does that``, so the check of the name against the offer is
-  what this supervises.
+  (a decline). Where a hard negative is offered (``open_table`` for ``set_table``) a decline's reasoning can
+  name the asked tool and say ``does that``, so the check of the name against the offer is what this
+  supervises.
   With the "list" reasoning (``Tools that convert: convert_lamp.`` before it) NAME's last token where the
   list wrote it instead, and ``list_targets`` adds, at the list's ``:`` and each ``,``, the next listed name's
   first token where the declarations wrote it (``[0]`` before ``none``).
@@ -27,7 +26,7 @@ token that ends in ``"``), its tokens, and the position whose next token shows i
   none does. The same check as the verdict's, made where both sides write the same tokens.
 - ``key_targets`` (head 1): before the key, the request position where ``K:`` starts. The plain lookups point
   at every K of the prompt and drop a key that more than ``LOOKUP_SOURCES`` positions hold; in a choice among
-  tools the other tools' schemas share keys, and run wv3's second argument was often another tool's property.
+  tools the other tools' schemas share keys, so an argument can take another tool's property.
 
 ``value_positions`` is where copies are supervised: inside argument blocks and a JSON response.
 """
@@ -37,7 +36,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Container, Iterator, Sequence
 
-from k3serve.train.data import SPECIAL_BASE
+from training.data import SPECIAL_BASE
 
 OPEN, CLOSE = 163587, 163588  # <|open|> and <|close|> of the K3 format
 ARGUMENT, RESPONSE = 47185, 12092  # "argument" and "response" after <|open|> (Kimi vocabulary)
@@ -71,7 +70,7 @@ def value_positions(ids: Sequence[int], kind: str) -> set[int] | None:
 
 @functools.cache
 def _tokenizer():
-    from k3serve.train.tok import load_tokenizer
+    from training.tok import load_tokenizer
 
     return load_tokenizer()
 
@@ -232,8 +231,8 @@ def describe_targets(ids: Sequence[int], answers: Sequence[tuple[int, int]], max
     same token of each declaration's ``Use this to VERB the OBJ.`` (the description of the tool that does
     it), or ``[0]`` where no declaration has one (not offered). A tool name is three tokens
     (``convert`` ``_`` ``road``), so matching a reasoning's name against the declared ones needs the token two
-    back at the last one, and spaced in the reasoning, unspaced in the declarations; wx16 and wx17 declined
-    a request for ``convert_road`` with ``share_road`` offered no better than chance. The two sentences are
+    back at the last one, and spaced in the reasoning, unspaced in the declarations (a request for
+    ``convert_road`` with ``share_road`` offered is the decline trained models miss most). The two sentences are
     the same tokens, the verb two back from the object in both. ``only`` is accepted for the common
     signature."""
     out: list[tuple[int, list[int]]] = []

@@ -35,8 +35,8 @@ def keep_freed_memory() -> bool:
     defaults, large ones are mmap'ed and unmapped each step and the heap is trimmed, so pages are faulted
     in and zeroed again and again. Measured on the default body (progress 0.55 batches, one core): system
     time rose from 1% to 10-11% within 100 steps and throughput fell from ~1400 to ~1000 tokens/s; with
-    this, system time stays at 0% and late steps run ~15% faster. A 60-minute run (r8) reached 28% system
-    time. Returns whether the settings were applied."""
+    this, system time stays at 0% and late steps run ~15% faster. Returns whether the settings were
+    applied."""
     libc = _glibc()
     if libc is None:
         return False

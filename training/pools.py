@@ -61,7 +61,7 @@ def tool_name(rng: random.Random, held_out: bool) -> tuple[str, str, str]:
 
     Names are ``verb_object``. A random suffix (``_info``, ``_list``...) was tried: the model had to copy
     it from the declarations by matching verb and object at once, and a 1.2 M-parameter body got the
-    suffix wrong in half of the tool calls (run r3)."""
+    suffix wrong in half of the tool calls."""
     while True:
         verb, obj = rng.choice(VERBS), rng.choice(OBJECTS)
         name = f"{verb}_{obj}"

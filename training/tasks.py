@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from k3serve.train import pools
+from training import pools
 # the offer and the decision sentences, re-exported: callers write ``tasks.decided``, ``tasks.draw_toolset``
-from k3serve.train.offer import (decided, decision_reasoning, decline_content, draw_toolset,  # noqa: F401
+from training.offer import (decided, decision_reasoning, decline_content, draw_toolset,  # noqa: F401
                                  object_twin, same_object)
 # the styles, re-exported: callers write ``tasks.Style``, ``tasks.SHIPPED``
-from k3serve.train.styles import (FORMS, NOTHINKS, PLAIN, REASONINGS, RECALLS, SHIPPED,  # noqa: F401
+from training.styles import (FORMS, NOTHINKS, PLAIN, REASONINGS, RECALLS, SHIPPED,  # noqa: F401
                                   STYLED_KINDS, Style)
 
 KINDS = ("tool", "choose", "decline", "json", "recall", "followup")
@@ -30,7 +30,7 @@ WARMUP_KINDS = ("copy", "lookup")
 # may train on more (``--tool-leaves``) so that the call does not learn to close after the usual count.
 TOOL_LEAVES = 4
 # A decline's request and offered tools have 1..this leaves. A run that widens tool requests widens these to the
-# same range: run wx9 (tool requests 1-6, declines 1-3) declined short requests it should have called.
+# same range: with wider calls alone, a short request reads as a decline.
 DECLINE_LEAVES = 3
 EFFORTS = ("max", "max", "max", "high", "low")  # the K3 efforts, the server default (max) most often
 
@@ -55,17 +55,17 @@ JSON_DUMPS: Dumps = partial(json.dumps, ensure_ascii=False, separators=(",", ":"
 
 def _words(rng: random.Random, repeats: float = 0.0, twins: float = 0.0) -> list[str]:
     """An array leaf's 2-3 words. A ``repeats`` share of them (training only) write one word twice: drawn
-    freely, ~3% of arrays do, and wx56/wx57 lost 3 of their 4 invalid JSON answers on such an array
-    (``["river","island","island"]`` went on with ``"island"`` until max_tokens), where the token before
-    the next item and before the closing ``"]`` is the same word. A ``twins`` share of those end in two equal
-    words, as that array does (otherwise a quarter of the three-word ones do; wx63 still looped there): the
-    word before the last is copied over the last, so a three-word array whose copy went to the middle becomes
-    one word three times (``["island","island","island"]``), the others ``["river","island","island"]``."""
+    freely, ~3% of arrays do, too few to learn to end one (``["river","island","island"]`` goes on with
+    ``"island"`` until max_tokens), where the token before the next item and before the closing ``"]`` is
+    the same word. A ``twins`` share of those end in two equal words, as that array does (otherwise a
+    quarter of the three-word ones do): the word before the last is copied over the last, so a three-word
+    array whose copy went to the middle becomes one word three times (``["island","island","island"]``), the
+    others ``["river","island","island"]``."""
     words = [rng.choice(pools.WORDS) for _ in range(rng.randint(2, 3))]
     if repeats and rng.random() < repeats:  # only when set, so a default run draws what it drew before
         later = rng.randrange(1, len(words))
         words[later] = words[rng.randrange(later)]
-        if twins and rng.random() < twins:  # likewise: without it a run draws what wx63 drew
+        if twins and rng.random() < twins:  # likewise: without it a run draws what --array-repeats alone drew
             words[-1] = words[-2]
     return words
 
@@ -117,7 +117,7 @@ def make_schema(rng: random.Random, n_leaves: int, dumps: Dumps = TOOL_DUMPS, re
 
 def declare_tool(name: str, verb: str, obj: str, params: dict[str, Any]) -> dict[str, Any]:
     # The request's own words: " verb the obj" tokenizes the same in both, so finding the offered tool that
-    # does what was asked is matching a span (r5, with "Verb the obj.", called some tool when none fitted).
+    # does what was asked is matching a span ("Verb the obj." shares no verb token with the request).
     desc = f"Use this to {verb} the {obj}."
     return {"type": "function", "function": {"name": name, "description": desc, "parameters": params}}
 
@@ -180,9 +180,8 @@ def make_choose(rng: random.Random, held_out: bool, thinking: bool, style: Style
 def make_decline(rng: random.Random, held_out: bool, thinking: bool, style: Style = PLAIN,
                  leaves: int = DECLINE_LEAVES, object_share: float = 0.0) -> Sample:
     """A request for a tool that is not offered. ``object_share`` of them (training only) ask for a tool that
-    shares its object with an offered one: drawn as ``draw_toolset`` draws, one in ~8 does, and wx16 declined
-    2 of 13 such requests against 85 of 87 others (it called the asked tool: ``The tool convert_road does
-    that.`` with ``share_road`` offered)."""
+    shares its object with an offered one: drawn as ``draw_toolset`` draws, one in ~8 does, and those are
+    the declines a model misses (``The tool convert_road does that.`` with ``share_road`` offered)."""
     tools = draw_toolset(rng, held_out, rng.randint(2, 5))
     ask_name, verb, obj = tools.pop()  # asked for, then removed from the offer: a hard negative
     if object_share and rng.random() < object_share:
@@ -310,7 +309,7 @@ def make_lookup(rng: random.Random, held_out: bool, thinking: bool, pairs: tuple
     name 1-3 keys in quotes, in an order of their own, and are answered as the argument object
     (``{"width": "ability", "height": "x"}``): a quoted key is the token a call writes (``height``), not
     the request's (`` height``), so these teach matching the two forms and finding a value by its key
-    rather than by its place in the list (wk3's calls mostly went wrong by taking a neighbour's value).
+    rather than by its place in the list (a call that finds a value by place takes a neighbour's).
     With ``objects`` 0 no extra random draw is made: the samples of the runs before it."""
     schema, values, mentions = make_schema(rng, rng.randint(*pairs))
     mentions = [(k, v) for k, v in mentions if not isinstance(values[k], dict)] or mentions[-1:]

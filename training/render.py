@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from k3serve.server.chat import K3, ChatOptions
-from k3serve.train.tasks import Sample
+from training.tasks import Sample
 
 STOP_ID = 163586  # <|end_of_msg|>
 

@@ -6,8 +6,8 @@ Groups: declines whose asked tool shares its object with an offered one (``objec
 ``share_road`` offered), other declines, and choices among tools. A decline's source is position 0 for the
 verdict and description pointers, so the mass there is how surely the head finds nothing offered.
 
-    python -m k3serve.train.pointerprobe runs/wx20 --pointer describe_attn
-    python -m k3serve.train.pointerprobe runs/wx20 --step 1400 --pointer verdict_attn
+    python -m training.pointerprobe runs/wx20 --pointer describe_attn
+    python -m training.pointerprobe runs/wx20 --step 1400 --pointer verdict_attn
 
 Scores per position: ``softmax_j(q_t . k_j * scale)`` over j <= t, as ``induction.attention_loss`` trains
 them; queries and keys ``[N, Dn + R]`` of one head.
@@ -21,13 +21,13 @@ import random
 import torch
 from torch import nn
 
-from k3serve.train import induction, tasks
-from k3serve.train.forward import train_forward
-from k3serve.train.grow import add_source_arguments, add_task_arguments, parse_source
-from k3serve.train.render import encode_sample
-from k3serve.train.styles import add_style_arguments, style_of
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.vocab import CompactVocab
+from training import induction, tasks
+from training.forward import train_forward
+from training.grow import add_source_arguments, add_task_arguments, parse_source
+from training.render import encode_sample
+from training.styles import add_style_arguments, style_of
+from training.tok import load_tokenizer
+from training.vocab import CompactVocab
 
 GROUPS = {"object": ("decline", {"object_share": 1.0}), "decline": ("decline", {}), "choose": ("choose", {})}
 
@@ -65,7 +65,7 @@ def probe(model: nn.Module, vocab: CompactVocab, tokenizer, pointer: str, n: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m k3serve.train.pointerprobe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.pointerprobe", description=__doc__.splitlines()[0])
     add_source_arguments(p)
     p.add_argument("--pointer", default="describe_attn", choices=sorted(induction.KINDS),
                    help="which supervision's targets to read (default: describe_attn)")

@@ -1,6 +1,6 @@
 """How a training run starts its weights: the writer's random init, adjusted for training from scratch.
 
-Options used by probes (``benchmarks/RESULTS.md``, "Who copies"): MLA projections at another std, and a
+Options used by probes (``training/RESULTS.md``, "Who copies"): MLA projections at another std, and a
 previous-token head in the first KDA layers.
 """
 
@@ -96,8 +96,8 @@ def context_heads(kda: KimiDeltaAttention, shifts: int, half: int, start: int = 
 def _previous_token_head(m: KimiDeltaAttention, h: int, shift: int = 1) -> None:
     """Start head ``h`` of a KDA layer as a previous-token head: its output is (a gated, normalised
     projection of) the token before, o_t = beta_t * v_{t-1}. The softmax layers have no positions, so
-    finding "the token after an earlier occurrence of this one" needs that feature in their keys (in i1
-    MLA attention stayed near uniform and the KDA layers did all the copying from their own state, which
+    finding "the token after an earlier occurrence of this one" needs that feature in their keys (without
+    it MLA attention stays near uniform and the KDA layers do all the copying from their own state, which
     holds ~10-20 tokens). Measured: with it MLA still did not copy within 300-step probes (RESULTS.md).
     How: the decay forgets the state at every step (log decay ~ -50), q and k are the same projection of
     the current token (so q.k = 1 after the L2 norm) and the value filter reads only x_{t-1}; the delta
@@ -119,7 +119,7 @@ def _scale_mla_init(model: nn.Module, std: float, g: torch.Generator) -> None:
     """Redraw the MLA projections that set the attention scores and output at ``std``. At the flat 0.02,
     q and k come out ~0.16 per element, so the scores start ~0.03 apart (uniform attention) and their
     gradient is a product of three small factors; the KDA layers, whose q and k are L2-normalised, learn
-    all the copying instead (measured on i1: zeroing every MLA output left its copy accuracy unchanged).
+    all the copying instead (zeroing every MLA output of a model so trained leaves its copy accuracy unchanged).
     Measured: at 0.125 a 400-step copy probe ended at the same loss as at 0.02 (RESULTS.md)."""
     for m in model.modules():
         if isinstance(m, MLAttention):

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3serve.models.registry import CONFIG_DIR
-from k3serve.train import data, tasks
-from k3serve.train.grow import is_checkpoint_dir
+from training import data, tasks
+from training.grow import is_checkpoint_dir
 
 DEFAULT_CONFIG = CONFIG_DIR / "k3-default.json"
 
@@ -163,7 +163,7 @@ HELP = {
     "save_every": "also write a compact snapshot <out>/compact/step_<k>.safetensors every this many steps (0: off)",
     "device": "cpu, or cuda[:N] to train on one GPU",
     "init_from": "continue from this compact snapshot (same data code and seed), or start from an HF-format "
-                 "checkpoint directory (KDA heads may grow wider: train/grow.py), instead of a fresh init",
+                 "checkpoint directory (KDA heads may grow wider: training/grow.py), instead of a fresh init",
     "progress_from": "start the curriculum at this fraction of its course (1.0: the final task mix throughout)",
     "copy_share": "share of warm-up samples (plain copies, lookups, short recall lists) until --copy-until",
     "copy_until": "fraction of the steps until which --copy-share holds",
@@ -176,7 +176,7 @@ HELP = {
     "induce_long": "synthetic copies lengthen with the recall lists up to this many tokens (0: 4-24 throughout)",
     "history_frac": "fraction of the samples (not recall lists) with 1-3 earlier short exchanges in front",
     "lookup_objects": "fraction of the lookups that ask keys in quotes and are answered as an object (the "
-                      "call's key tokens; run wk5: 0.5)",
+                      "call's key tokens)",
     "tool_leaves": f"tool, choose and decline requests have 1 to this many argument leaves (evaluations: "
                    f"{tasks.TOOL_LEAVES}, declines {tasks.DECLINE_LEAVES}; more teaches a call not to close after "
                    "the usual count)",
@@ -186,12 +186,11 @@ HELP = {
                      "verb (share_road beside convert_road), so that such a tool in the offer does not mean a "
                      "decline",
     "array_repeats": "fraction of the array values in tool, choose and JSON requests that write one word twice "
-                     "(drawn freely about 3%% do; at such an array's repeated word wx56 wrote that word until "
-                     "max_tokens)",
+                     "(drawn freely about 3%% do: too few to learn where such an array ends)",
     "array_twins": "fraction of those arrays (--array-repeats) that write the repeated word last, beside its twin "
-                   "([\"river\",\"island\",\"island\"]: where wx63 wrote that word until max_tokens)",
-    "hard_from": "curriculum progress from which --decline-object and --choose-object apply (0: throughout; "
-                 "run wx43, both 0.5 throughout, lost choices and declines alike)",
+                   "([\"river\",\"island\",\"island\"]; --array-repeats alone puts the twins last in about a quarter "
+                   "of the three-word arrays)",
+    "hard_from": "curriculum progress from which --decline-object and --choose-object apply (0: throughout)",
     "mix": "task weights after the warm-up, each replacing its default (recall's is scaled down as its lists "
            "lengthen, to keep its token share): e.g. recall=0,choose=0.3; defaults: "
            + ",".join(f"{k}={v}" for k, v in data.MIX.items()),
@@ -209,36 +208,36 @@ HELP = {
     "embed_std": "std of the initial embedding rows (tied with lm_head)",
     "prev_token_init": "start head 0 of this many leading KDA layers as a previous-token head (0: none)",
     "attn_sup": "weight of the loss that teaches head 0 of each MLA layer to attend where an induction head "
-                "would (train/induction.py; 0: off)",
+                "would (training/induction.py; 0: off)",
     "attn_miss": "weight of the loss that teaches the same heads not to copy where an induction copy would be "
                  "wrong (the token occurred before in the same answer, never followed by the next token; 0: off)",
     "attn_lookup": "weight of the loss that teaches head 1 of each MLA layer to attend to the prompt positions "
-                   "holding the next answer token where no induction step gives it (train/induction.py; 0: off)",
+                   "holding the next answer token where no induction step gives it (training/induction.py; 0: off)",
     "lookup_in": "where the lookups are supervised: all (every answer token) or values (a call's argument blocks "
                  "and a JSON answer; warm-ups and recall whole: the reasoning and the tool's name are left alone)",
     "attn_types": "weight of the loss that points head 1's query at an argument's type to where the request "
-                  "writes that key's value (its first token shows the type; train/induction.py; 0: off)",
+                  "writes that key's value (its first token shows the type; training/induction.py; 0: off)",
     "attn_follow": "weight of the loss that points head 0's query at a copied value's token, where the answer's "
                    "next token is no copy (the value's end), to the request position after the same token "
-                   "(train/induction.py follow_targets; 0: off)",
+                   "(training/induction.py follow_targets; 0: off)",
     "attn_keys": "weight of the loss that points head 1's query before an argument's or JSON answer's key to where "
-                 "the request's line for that key starts (train/keyed.py key_targets; 0: off)",
+                 "the request's line for that key starts (training/keyed.py key_targets; 0: off)",
     "attn_names": "weight of the loss that points head 1's query at a call's tool=\" to where the reasoning and the "
-                  "declarations wrote the tool's name (train/keyed.py name_targets; 0: off)",
+                  "declarations wrote the tool's name (training/keyed.py name_targets; 0: off)",
     "attn_spell": "weight of the loss that points head 1's query at each token of a call's tool name but the "
                   "last to the next token of the same name where the reasoning and the declarations wrote it "
-                  "(book_hotel beside book_flight: the choice falls at _hotel; train/keyed.py name_targets spell; "
+                  "(book_hotel beside book_flight: the choice falls at _hotel; training/keyed.py name_targets spell; "
                   "0: off)",
     "attn_verdict": "weight of the loss that points head 1's query at the reasoning's 'The tool NAME' (before "
                     "'does'/'is') to where the declarations wrote NAME, or to the first position when none does "
-                    "(a decline; train/keyed.py verdict_targets; 0: off)",
+                    "(a decline; training/keyed.py verdict_targets; 0: off)",
     "attn_describe": "weight of the loss that points head 2's query at the reasoning's 'wants to VERB the OBJ.' "
                      "(OBJ) to the offered tool's description 'Use this to VERB the OBJ.', or to position 0 when "
-                     "none says it (train/keyed.py describe_targets; 0: off)",
+                     "none says it (training/keyed.py describe_targets; 0: off)",
     "split_residual": "start token embeddings in the first half of the residual and a previous-token KDA head "
-                      "writing the second half, for MLA keys to match on (train/init.py)",
+                      "writing the second half, for MLA keys to match on (training/init.py)",
     "split_shifts": "make heads 0..N-1 of the first KDA layer previous-token heads for the N tokens before, "
-                    "written into the residual's second half with halving gains (train/init.py context_heads; "
+                    "written into the residual's second half with halving gains (training/init.py context_heads; "
                     "0: leave them)",
     "mla_init_std": "std of the initial MLA q_b/kv_a/kv_b/o projections (0: the writer's flat 0.02)",
 }

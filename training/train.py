@@ -1,6 +1,6 @@
 """Train the default K3 model from scratch on the synthetic tasks, then export it in the HF K3 layout.
 
-    python -m k3serve.train.train --out runs/k3-default --workers 2 --steps 900 --tokens-per-step 2048
+    python -m training.train --out runs/k3-default --workers 2 --steps 900 --tokens-per-step 2048
 
 Plain PyTorch on CPU, data-parallel over ``workers`` processes (``parallel.py``; ``tokens_per_step`` is per
 process), deterministic for a given seed, worker count and thread count; or on one GPU (``--device cuda``,
@@ -32,15 +32,15 @@ from k3serve.core.config import ModelConfig
 from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.moe import MoEGate
 from k3serve.models.kimi import build_model
-from k3serve.train import data, induction, keyed, parallel
-from k3serve.train.config import TrainConfig, add_arguments
-from k3serve.train.export import compact_config, export, load_params, save_compact, snapshot_shifts
-from k3serve.train.forward import train_forward
-from k3serve.train.grow import import_checkpoint
-from k3serve.train.init import context_heads, init_for_training
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.qat import enable_qat, expert_modules
-from k3serve.train.vocab import CompactVocab
+from training import data, induction, keyed, parallel
+from training.config import TrainConfig, add_arguments
+from training.export import compact_config, export, load_params, save_compact, snapshot_shifts
+from training.forward import train_forward
+from training.grow import import_checkpoint
+from training.init import context_heads, init_for_training
+from training.tok import load_tokenizer
+from training.qat import enable_qat, expert_modules
+from training.vocab import CompactVocab
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -158,7 +158,7 @@ def training_model(cfg: TrainConfig, full: ModelConfig, vocab: CompactVocab) -> 
         load_params(model, vocab, source)
         have = snapshot_shifts(source)
     # After any import, and only the heads the source lacks: a continued snapshot's context heads have trained
-    # on, and setting them again reset wx21 (loss 11 at its step 25) instead of continuing wx20.
+    # on, and setting them again would restart the run (loss back near 11) instead of continuing it.
     if cfg.split_shifts > have:
         first_kda = next(m for m in model.modules() if isinstance(m, KimiDeltaAttention))
         context_heads(first_kda, cfg.split_shifts, full.text.hidden_size // 2, start=have)
@@ -239,7 +239,7 @@ def write_log(cfg: TrainConfig, vocab: CompactVocab, log: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m k3serve.train.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0])
     add_arguments(p)
     try:
         cfg = TrainConfig(**vars(p.parse_args(argv)))

@@ -18,9 +18,9 @@ from torch import nn
 import k3serve.ops.kda  # noqa: F401  (registers the serving KDA ops the layers also use)
 import k3serve.ops.mla  # noqa: F401
 import k3serve.ops.short_conv  # noqa: F401
-import k3serve.train.conv_autograd  # noqa: F401  (registers short_conv/"train")
-import k3serve.train.fused  # noqa: F401  (registers rms_norm, gated_rms_norm, attn_res_mix, situ_and_mul/"train")
-import k3serve.train.kda_autograd  # noqa: F401  (registers kda_chunk/"train")
+import training.conv_autograd  # noqa: F401  (registers short_conv/"train")
+import training.fused  # noqa: F401  (registers rms_norm, gated_rms_norm, attn_res_mix, situ_and_mul/"train")
+import training.kda_autograd  # noqa: F401  (registers kda_chunk/"train")
 from k3serve.core.context import ForwardContext, forward_context
 from k3serve.models.cache import allocate_caches, cache_spec
 from k3serve.ops import registry

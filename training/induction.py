@@ -16,8 +16,8 @@ For the MLA keys to tell those j apart, the residual at j has to carry ids[j-1]:
 the earlier (KDA) layers through the keys and asks them for that previous-token feature. Only the
 attention is supervised; what the head outputs is left to the language-model loss.
 
-A head trained on those positions alone copies after every repeated token, also where the copy is wrong:
-run wi1 wrote the previous argument again after ``argument key="`` (30 of its 36 failed calls). The misses
+A head trained on those positions alone copies after every repeated token, also where the copy is wrong
+(after ``argument key="`` it writes the previous argument again). The misses
 are answer positions whose current token occurred before in the same answer, and never (anywhere) followed by
 the next token:
 
@@ -25,14 +25,14 @@ the next token:
     miss_t     = -log (1 - sum_{j in misses(t)} softmax_j(...))
 
 so the head learns not to repeat its own answer (its weight is separate, ``--attn-miss``). Misses against
-the prompt are left alone: run wm_p counted them too and lost every decline (0/10), since the same head
-finding a tool's name among the declared ones is how the model tells whether it is offered.
+the prompt are left alone: the same head finding a tool's name among the declared ones is how the model
+tells whether it is offered, and counting them costs the declines.
 
 The lookups (head 1, ``--attn-lookup``) are the answer tokens no induction step gives but the prompt holds.
-Over every answer token they also cover the reasoning's words and the called tool's name, and run wm1 lost
-the choice among tools (right tool 12/40 against wm2's 33/40 without them). ``keyed.value_positions`` keeps
-them to what is copied into a structure: a call's argument blocks (``<|open|>argument key="k" ...<|close|>``),
-a JSON answer's response, and every token of the warm-up and recall samples.
+Over every answer token they would also cover the reasoning's words and the called tool's name, which costs
+the choice among tools. ``keyed.value_positions`` keeps them to what is copied into a structure: a call's
+argument blocks (``<|open|>argument key="k" ...<|close|>``), a JSON answer's response, and every token of the
+warm-up and recall samples.
 
 Two pointers of head 1 read the request by a structured answer's keys (``keyed.py``): at an argument's type
 (``--attn-types``) to where the request writes that key's value, whose first token shows the type, and before
@@ -41,8 +41,8 @@ a key (``--attn-keys``) to where the request's line for that key starts; a third
 token of the name to the same mentions' next token (``--attn-spell``).
 
 A copied value ends where the answer's format and the request's part: ``"velvet morning"`` ends in ``","``
-in a JSON answer and in ``"\n`` on the request's line, so no induction step gives the end, and run wv3 ran on
-past it (``"velvet morningsnow ...``) or stopped an array late. ``follow_targets`` (``--attn-follow``, head 0,
+in a JSON answer and in ``"\n`` on the request's line, so no induction step gives the end, and a copy runs on
+past it (``"velvet morningsnow ...``) or stops an array late. ``follow_targets`` (``--attn-follow``, head 0,
 inside the values only) points the query at such a value token to the request position right after the same
 token, the classic induction pattern without the equal next token: what the request writes there says where
 the value ends, and the language-model loss maps it to the answer's own closing.
@@ -59,8 +59,8 @@ import torch
 from torch import nn
 
 from k3serve.layers.mla import MLAttention
-from k3serve.train.data import SPECIAL_BASE  # the format's tags: never looked up
-from k3serve.train.keyed import (LOOKUP_SOURCES, describe_targets, json_tokens, key_targets, name_targets,
+from training.data import SPECIAL_BASE  # the format's tags: never looked up
+from training.keyed import (LOOKUP_SOURCES, describe_targets, json_tokens, key_targets, name_targets,
                                  type_targets, verdict_targets)
 
 MAX_SOURCES = 8  # a token with more earlier sources than this (quotes, commas) is not a lookup

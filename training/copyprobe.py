@@ -9,8 +9,8 @@ H x K x K numbers. This probe tells which of them does the copying in a trained 
 - per MLA layer and head, on one copy: the attention entropy at the answer positions (against uniform)
   and the attention mass on the induction target (the token after the earlier occurrence of the current one).
 
-    python -m k3serve.train.copyprobe runs/i1 --step 425
-    python -m k3serve.train.copyprobe k3serve/models/weights/k3-default
+    python -m training.copyprobe runs/i1 --step 425
+    python -m training.copyprobe k3serve/models/weights/k3-default
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from torch import nn
 
 from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.mla import MLAttention
-from k3serve.train import data
-from k3serve.train.forward import train_forward
-from k3serve.train.grow import add_source_arguments, open_source
-from k3serve.train.vocab import CompactVocab
+from training import data
+from training.forward import train_forward
+from training.grow import add_source_arguments, open_source
+from training.vocab import CompactVocab
 
 LENGTHS = (8, 24, 50, 100)
 
@@ -92,7 +92,7 @@ def mla_attention(model: nn.Module, vocab: CompactVocab, n: int = 30, seed: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m k3serve.train.copyprobe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.copyprobe", description=__doc__.splitlines()[0])
     add_source_arguments(p)
     p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="copy lengths to score")
     args = p.parse_args(argv)

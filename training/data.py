@@ -3,7 +3,7 @@
 Curriculum (by fraction of training steps): the recall list grows from a few records to >= 2k-token
 contexts, so copying and lookup are learnt on cheap sequences before they are stretched; its sampling
 weight shrinks as it grows (``recall_weight``), so recall stays about a third of the tokens instead of
-taking most of them (run r5: 44-59% of the tokens went to long recall, which it never learnt):
+taking most of them (long lists right after the warm-up take 44-59% of the tokens):
 
     progress     recall records (~14 tokens each)
     0.0-0.3      4-16      (the warm-up's short recall)
@@ -16,7 +16,7 @@ same batches in a helper process (GPU training, where the host is the bottleneck
 Besides the K3-format tasks the warm-up can hold ``induce`` samples: raw token sequences, not chats
 (``filler, s, w_1..w_n, s, w_1..w_n``, loss on the second copy), which teach content-addressed copying,
 and ``assoc`` samples (``assoc_sample``: many keyed values, then many of the keys asked back), meant to
-teach finding a value by its key in contexts as long as the recall lists (run a1: they never formed).
+teach finding a value by its key in contexts as long as the recall lists.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from k3serve.train import pools, sessions, tasks
-from k3serve.train.render import encode_sample, encode_turns
-from k3serve.train.vocab import CompactVocab
+from training import pools, sessions, tasks
+from training.render import encode_sample, encode_turns
+from training.vocab import CompactVocab
 
 # "session" (sessions.py: several requests over one tool set, every answer learnt) is off unless a mix asks for it
 MIX = {"tool": 0.18, "choose": 0.2, "decline": 0.18, "json": 0.17, "recall": 0.18, "followup": 0.12, "session": 0.0}
@@ -169,8 +169,7 @@ INDUCE_FILLER, INDUCE_ITEMS = 120, (4, 24)
 def induce_items(progress: float, longest: int = 0) -> tuple[int, int]:
     """Range of copied tokens in an ``induce`` sample: ``INDUCE_ITEMS`` at first, growing with the recall
     lists to ``longest`` by the end of their ramp (0: no growth). Copying by content has to pick one earlier token
-    out of all of them; measured on i1 at step 425 (copies of 4-24 tokens only), teacher-forced recall of the words
-    after a record's first fell from 0.55 with 4 records in context to 0.05 with 32 and 0.00 with 64."""
+    out of all of them, and what is learnt on short copies does not carry over to lists of dozens of records."""
     lo, hi = INDUCE_ITEMS
     if longest <= hi:
         return lo, hi
@@ -183,8 +182,7 @@ def induce_sample(rng: random.Random, pool: Sequence[int], items: tuple[int, int
     ``s``, itself a random token). The ``w`` and ``s`` are distinct and the filler holds none of them, so
     the token after an earlier occurrence of the current one is always the right next token: the model
     can only copy by content. On the copy probe (k3-default body, one core, 2,048 tokens a step, filler
-    0-60) such copying reached 92% teacher-forced accuracy in 300 steps, where the shipped g/b copies 48%
-    of the words of its own copy task (19-57% past the third word)."""
+    0-60) such copying reached 92% teacher-forced accuracy in 300 steps."""
     picked = rng.sample(pool, rng.randint(*items) + 1)
     sep, words = picked[0], picked[1:]
     filler = [t for t in rng.choices(pool, k=rng.randint(0, INDUCE_FILLER)) if t not in picked]
@@ -229,8 +227,7 @@ HISTORY_KINDS = ("copy", "lookup", "json")
 
 def with_history(rng: random.Random, s: tasks.Sample, turns: int, style: tasks.Style = tasks.PLAIN) -> tasks.Sample:
     """``s`` after ``turns`` earlier user/assistant exchanges. A model trained only on tasks that open the
-    conversation can find what to copy by where it sits (measured on g/b: one earlier exchange took its
-    teacher-forced copy accuracy from 0.44 to 0.26); with history in front only the content can tell."""
+    conversation can find what to copy by where it sits; with history in front only the content can tell."""
     prev: list[dict] = []
     for _ in range(turns):
         h = tasks.make(rng.choice(HISTORY_KINDS), rng, held_out=False, thinking=False, style=style)
@@ -366,7 +363,7 @@ def pack(waiting: list[Encoded], budget: int) -> list[Encoded]:
 
 
 def _produce(queue, vocab_ids: list[int], full_size: int, kwargs: dict) -> None:
-    from k3serve.train.tok import load_tokenizer
+    from training.tok import load_tokenizer
 
     stats: dict[str, int] = {}
     for batch in batches(load_tokenizer(), CompactVocab(vocab_ids, full_size), stats=stats, **kwargs):

@@ -8,7 +8,7 @@ snapshots (``export.py``) every quarter of its steps. Every run's full command i
 ``train_log.json``, so a run is reproduced by its command alone (up to GPU non-determinism: CUDA's atomic
 adds make repeated runs differ in low bits).
 
-    python -m k3serve.train.sweep --out runs/sweep --budget 420 \\
+    python -m training.sweep --out runs/sweep --budget 420 \\
         --variant a:--tokens-per-step=65536,--lr=0.006 --variant b:--tokens-per-step=65536,--lr=0.012
 
 Every run gets the shipped model's curriculum flags (``COMMON``); flags after ``--`` go to every variant after
@@ -30,7 +30,7 @@ COMMON = ["--workers", "1", "--seed", "0", "--warmup", "50", "--log-every", "20"
 
 def launch(name: str, out: Path, flags: list[str], steps: int, save_every: int, extra: list[str],
            device: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "k3serve.train.train", "--out", str(out / name), "--device", device,
+    cmd = [sys.executable, "-m", "training.train", "--out", str(out / name), "--device", device,
            "--steps", str(steps), "--save-every", str(save_every), *COMMON, *extra, *flags]
     (out / name).mkdir(parents=True, exist_ok=True)
     print(f"[{name}] {' '.join(cmd[1:])}", flush=True)

@@ -6,8 +6,8 @@ carry off a remote GPU. ``export`` turns a model (or, through ``main``, a snapsh
 ``used_ids.json``) into the shipped checkpoint ``model`` (full vocabulary, MXFP4 experts, bf16) and its
 ``bf16`` twin (experts in bf16, for the MXFP4-vs-bf16 agreement check):
 
-    python -m k3serve.train.export runs/g1 --step 2400     # -> runs/g1/step_2400/{model,bf16}
-    python -m k3serve.train.export runs/g1                 # the last snapshot -> runs/g1/{model,bf16}
+    python -m training.export runs/g1 --step 2400     # -> runs/g1/step_2400/{model,bf16}
+    python -m training.export runs/g1                 # the last snapshot -> runs/g1/{model,bf16}
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from k3serve.core.config import ModelConfig
 from k3serve.models.kimi import build_model, text_model
 from k3serve.models.registry import CONFIG_DIR
 from k3serve.models.writer import init_random_, save_checkpoint
-from k3serve.train.qat import enable_qat, expert_modules, master, pack_experts
-from k3serve.train.vocab import CompactVocab
+from training.qat import enable_qat, expert_modules, master, pack_experts
+from training.vocab import CompactVocab
 
 
 def compact_config(full: ModelConfig, vocab: CompactVocab) -> ModelConfig:

@@ -18,7 +18,7 @@ FORMS = ("inline", "lines")
 # `` close`` (with its space) is another id than the call's ``close``. "list" is "check" with a sentence between
 # that lists the offered tools with the asked verb (``Tools that convert: convert_lamp.``, or ``none``): a name
 # is three tokens with the verb two back from the last, so "check" asks one position to match two tokens
-# (wx16 called ``convert_road`` with ``share_road`` offered in 14 of 17 such declines); listed, each step
+# (``convert_road`` asked with ``share_road`` offered: the object matches, the verb does not); listed, each step
 # matches one: the verb at the list's start, the object at the verdict's name. "quote" is "check" with the name
 # in quotes (``The tool "convert_road" is not offered.``): `` "`` then the name's tokens as the declarations
 # write them (``convert`` ``_`` ``road``), so at the closing quote the tokens one to three back are the same ids
@@ -59,7 +59,7 @@ class Style:
 
 
 PLAIN = Style()
-SHIPPED = Style("lines", "check", "decide", "restate")  # the shipped k3-default's (run wx26): evaluations and probes default to it
+SHIPPED = Style("lines", "check", "decide", "restate")  # the shipped k3-default's: evaluations and probes default to it
 
 
 def add_style_arguments(p: argparse.ArgumentParser) -> None:

@@ -9,8 +9,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from k3serve.train import pools
-from k3serve.train.styles import PLAIN, Style
+from training import pools
+from training.styles import PLAIN, Style
 
 
 def draw_toolset(rng: random.Random, held_out: bool, n: int) -> list[tuple[str, str, str]]:

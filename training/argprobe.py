@@ -8,8 +8,8 @@ feeds the reference answer (teacher forcing) and asks, per argument, whether the
 argument index and by JSON type; a wrong first token that starts another argument's value is counted
 as taken from another key.
 
-    python -m k3serve.train.argprobe k3serve/models/weights/k3-default      # a checkpoint directory
-    python -m k3serve.train.argprobe runs/gw --step 250                      # a run's compact snapshot
+    python -m training.argprobe k3serve/models/weights/k3-default      # a checkpoint directory
+    python -m training.argprobe runs/gw --step 250                      # a run's compact snapshot
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from k3serve.train import tasks
-from k3serve.train.forward import train_forward
-from k3serve.train.grow import add_source_arguments, open_source
-from k3serve.train.render import encode_sample
-from k3serve.train.tok import load_tokenizer
-from k3serve.train.vocab import CompactVocab
+from training import tasks
+from training.forward import train_forward
+from training.grow import add_source_arguments, open_source
+from training.render import encode_sample
+from training.tok import load_tokenizer
+from training.vocab import CompactVocab
 
 ARGUMENT = re.compile(r'argument key="([^"]*)" type="[^"]*"<\|sep\|>(.*?)<\|close\|>argument', re.S)
 
@@ -90,7 +90,7 @@ def arg_accuracy(model: nn.Module, vocab: CompactVocab, tokenizer, n: int = 60, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m k3serve.train.argprobe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.argprobe", description=__doc__.splitlines()[0])
     add_source_arguments(p)
     p.add_argument("--n", type=int, default=60, help="held-out tool tasks")
     p.add_argument("--seed", type=int, default=4242, help="task seed (never a training seed)")
