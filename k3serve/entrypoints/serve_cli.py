@@ -8,6 +8,7 @@ messages over ZMQ. Parallelism flags the planner prints are accepted and must be
 from __future__ import annotations
 
 import argparse
+import logging
 
 from k3serve.entrypoints.generate_cli import DEFAULT_MODEL
 
@@ -113,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas != 1:
         return _run_replicas(args)
     config = server_config(args)
+    # the server's own warnings (e.g. chat disabled for a small vocabulary) with their level, like the engine's
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     print(f"k3serve: serving {config.names[0]} ({config.model}) on http://{args.host}:{args.port}", flush=True)
     uvicorn.run(build_app(config), host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=5)
