@@ -17,10 +17,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def add_download_arguments(parser: argparse.ArgumentParser) -> None:
     """Where a MODEL given as a Hugging Face repo id comes from (shared with ``k3serve serve``)."""
     parser.add_argument("--revision", default=None,
-                        help="branch, tag or commit of a Hugging Face MODEL (default: main)")
+                        help="branch, tag or commit of a Hugging Face MODEL; main when not given")
     parser.add_argument("--download-dir", default=None,
-                        help="Hugging Face cache directory for a MODEL repo id (default: $HF_HUB_CACHE, else "
-                             "~/.cache/huggingface/hub); HF_HUB_OFFLINE=1 uses only what is cached there")
+                        help="Hugging Face cache directory for a MODEL repo id; when not given $HF_HUB_CACHE, else "
+                             "~/.cache/huggingface/hub. HF_HUB_OFFLINE=1 uses only what is cached there")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
