@@ -11,6 +11,7 @@ as in vLLM's default ``raw_logprobs`` mode.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -51,21 +52,88 @@ def mask_min_tokens(logits: torch.Tensor, reqs: list[Request]) -> None:
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Mask ``logits [M, V]`` (already temperature-scaled) outside each row's top-k / top-p / min-p set."""
-    V = logits.shape[-1]
+    """Mask ``logits [M, V]`` (already temperature-scaled) outside each row's top-k / top-p / min-p set.
+
+    The sets are defined by thresholds, so tied tokens are kept or dropped together: top-k keeps the logits
+    at least the k-th largest; top-p (over the top-k set's renormalised probabilities) keeps every token whose
+    mass strictly before it in descending order is below p, down to the one that reaches p; min-p keeps
+    probabilities at least ``min_p`` times the largest. Same sets as ``filter_logits_reference``, without
+    sorting the vocabulary: the top-p floor comes from a top-k prefix that grows until its mass reaches p.
+    """
     if bool((top_k <= 0).all() and (top_p >= 1).all() and (min_p <= 0).all()):
-        return logits  # nothing to filter: skip the full-vocabulary sort
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(V).expand_as(sorted_logits)
-    k = torch.where(top_k > 0, top_k, V).clamp(max=V)
-    drop = rank >= k[:, None]
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    probs = sorted_logits.softmax(dim=-1)
-    before = probs.cumsum(dim=-1) - probs  # mass strictly before each token
-    drop |= before >= top_p[:, None]
-    drop |= probs < min_p[:, None] * probs[:, :1]
-    drop[:, 0] = False  # the most likely token always survives
-    return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+        return logits  # nothing to filter
+    logits = mask_top_k(logits, top_k)
+    probs = logits.softmax(dim=-1)
+    floor = nucleus_floor(probs, top_p)
+    if bool((min_p > 0).any()):
+        floor = torch.maximum(floor, min_p * probs.amax(dim=-1))
+    return logits.masked_fill(probs < floor[:, None], float("-inf"))
+
+
+def filter_logits_reference(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                            min_p: torch.Tensor) -> torch.Tensor:
+    """The same sets as ``filter_logits``, read off full-vocabulary sorts (the naive form, for tests and
+    benchmarks/sampler.py)."""
+    V = logits.shape[-1]
+    on = (top_k > 0) & (top_k < V)
+    if bool(on.any()):
+        kth = logits.sort(dim=-1, descending=True).values.gather(-1, (top_k.clamp(1, V) - 1)[:, None])
+        logits = logits.masked_fill(on[:, None] & (logits < kth), float("-inf"))
+    probs = logits.softmax(dim=-1)
+    desc = probs.sort(dim=-1, descending=True).values
+    floor = torch.where(top_p < 1, _prefix_floor(desc, top_p)[0], 0.0)
+    keep = (probs >= floor[:, None]) & (probs >= min_p[:, None] * desc[:, :1])
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def mask_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """``logits`` with -inf below each row's k-th largest logit (rows with ``top_k`` 0, -1 or >= V untouched)."""
+    V = logits.shape[-1]
+    on = (top_k > 0) & (top_k < V)
+    if not bool(on.any()):
+        return logits
+    k = torch.where(on, top_k, 1)
+    kth = logits.topk(int(k.max()), dim=-1).values.gather(-1, (k - 1)[:, None])
+    return logits.masked_fill(on[:, None] & (logits < kth), float("-inf"))
+
+
+def nucleus_floor(probs: torch.Tensor, top_p: torch.Tensor, first_k: int = 256) -> torch.Tensor:
+    """Per row of ``probs [M, V]``: the smallest probability in its top-p set (0 where ``top_p`` >= 1).
+
+    The floor is read off the ``k`` most likely probabilities (``topk``, exactly the sort's first ``k``
+    values, so the same cumulative sums), with ``k`` grown until each row's prefix reaches p; a row whose
+    prefix would have to span a quarter of the vocabulary is sorted instead, as a top-k that wide costs about
+    as much as the sort.
+    """
+    M, V = probs.shape
+    floor = probs.new_zeros(M)
+    rows = (top_p < 1).nonzero().squeeze(-1)
+    k = first_k
+    while rows.numel():
+        if 4 * k > V:
+            desc = (probs if rows.numel() == M else probs[rows]).sort(dim=-1, descending=True).values
+            floor[rows] = _prefix_floor(desc, top_p[rows])[0]
+            break
+        desc = (probs if rows.numel() == M else probs[rows]).topk(k, dim=-1).values
+        f, known, mass = _prefix_floor(desc, top_p[rows])
+        known |= desc[:, -1] == 0  # the rest of the row is zeros: the set is the whole row, floor 0 (= f)
+        floor[rows[known]] = f[known]
+        # the open rows need at least (p - mass) / (largest remaining probability) more tokens
+        need = ((top_p[rows] - mass) / desc[:, -1])[~known]
+        rows = rows[~known]
+        if rows.numel():
+            k = max(8 * k, k + math.ceil(min(float(need.max()), V)))
+    return floor
+
+
+def _prefix_floor(desc: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From each row's first ``K`` probabilities in descending order: the floor of the top-p set (the first
+    token whose cumulative mass reaches p, or the last of the prefix), whether the prefix reached p, and its
+    mass."""
+    K = desc.shape[-1]
+    mass = desc.cumsum(dim=-1)
+    n = (mass < top_p[:, None]).sum(dim=-1)
+    return desc.gather(-1, n.clamp(max=K - 1)[:, None]).squeeze(-1), n < K, mass[:, -1]
 
 
 def sample(logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
@@ -82,19 +150,20 @@ def sample(logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
     tokens = logits.argmax(dim=-1)
     rand = [i for i, r in enumerate(reqs) if not r.params.greedy]
     if rand:
-        idx = torch.tensor(rand)
-        temp = torch.tensor([reqs[i].params.temperature for i in rand], dtype=logits.dtype)
+        dev, dt = logits.device, logits.dtype
+        idx = torch.tensor(rand, device=dev)
+        temp = torch.tensor([reqs[i].params.temperature for i in rand], dtype=dt, device=dev)
         x = filter_logits(logits[idx] / temp[:, None],
-                          torch.tensor([reqs[i].params.top_k for i in rand]),
-                          torch.tensor([reqs[i].params.top_p for i in rand], dtype=logits.dtype),
-                          torch.tensor([reqs[i].params.min_p for i in rand], dtype=logits.dtype))
+                          torch.tensor([reqs[i].params.top_k for i in rand], device=dev),
+                          torch.tensor([reqs[i].params.top_p for i in rand], dtype=dt, device=dev),
+                          torch.tensor([reqs[i].params.min_p for i in rand], dtype=dt, device=dev))
         noise = torch.empty_like(x)
         unseeded = [j for j, i in enumerate(rand) if reqs[i].generator is None]
         if unseeded:
-            noise[unseeded] = torch.empty(len(unseeded), x.shape[-1]).exponential_()
+            noise[unseeded] = torch.empty(len(unseeded), x.shape[-1], dtype=dt, device=dev).exponential_()
         for j, i in enumerate(rand):
-            if reqs[i].generator is not None:
-                noise[j] = torch.empty(x.shape[-1]).exponential_(generator=reqs[i].generator)
+            if reqs[i].generator is not None:  # a seeded row draws on the CPU generator: the same on any device
+                noise[j] = torch.empty(x.shape[-1], dtype=dt).exponential_(generator=reqs[i].generator).to(dev)
         tokens[idx] = (x.softmax(dim=-1) / noise).argmax(dim=-1)
     token_list = tokens.tolist()
     return SampleResult(token_list, token_logprobs(raw, token_list, [r.params.logprobs for r in reqs]))

@@ -14,10 +14,20 @@ DEFAULT_MODEL = "k3-default"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def add_download_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where a MODEL given as a Hugging Face repo id comes from (shared with ``k3serve serve``)."""
+    parser.add_argument("--revision", default=None,
+                        help="branch, tag or commit of a Hugging Face MODEL; main when not given")
+    parser.add_argument("--download-dir", default=None,
+                        help="Hugging Face cache directory for a MODEL repo id; when not given $HF_HUB_CACHE, else "
+                             "~/.cache/huggingface/hub. HF_HUB_OFFLINE=1 uses only what is cached there")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=DEFAULT_MODEL,
-                        help=f"checkpoint directory or built-in name (default: {DEFAULT_MODEL}; also "
-                             "k3-tiny-random, k3-tiny-grouped-random, kimi-linear-tiny-random)")
+                        help=f"checkpoint directory, Hugging Face repo id (owner/name) or built-in name (default: "
+                             f"{DEFAULT_MODEL}; also k3-tiny-random, k3-tiny-grouped-random, kimi-linear-tiny-random)")
+    add_download_arguments(parser)
     parser.add_argument("--prompt-ids", default="1,2,3,4,5,6,7,8",
                         help="comma-separated prompt token ids (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens to generate (default: %(default)s)")
@@ -48,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise ValueError("--max-tokens must be >= 1")
     t0 = time.perf_counter()
-    path = resolve_model_path(args.model)
+    path = resolve_model_path(args.model, revision=args.revision, download_dir=args.download_dir)
     ids = _parse_ids(args.prompt_ids, ModelConfig.from_file(path).text.vocab_size)  # before the slow part
     model, config = load_model(path, dtype=DTYPES[args.dtype], act_quant=args.act_quant)
     t1 = time.perf_counter()

@@ -8,8 +8,9 @@ messages over ZMQ. Parallelism flags the planner prints are accepted and must be
 from __future__ import annotations
 
 import argparse
+import logging
 
-from k3serve.entrypoints.generate_cli import DEFAULT_MODEL
+from k3serve.entrypoints.generate_cli import DEFAULT_MODEL, add_download_arguments
 
 _UNSUPPORTED_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "nnodes")
 
@@ -17,7 +18,8 @@ _UNSUPPORTED_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
-                   help="checkpoint directory or built-in model name")
+                   help="checkpoint directory, Hugging Face repo id (owner/name) or built-in model name")
+    add_download_arguments(p)
     g = p.add_argument_group("HTTP")
     g.add_argument("--host", default="127.0.0.1", help="address to bind")
     g.add_argument("--port", type=int, default=8000, help="port to bind")
@@ -90,7 +92,7 @@ def server_config(args: argparse.Namespace):
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     from k3serve.models.registry import resolve_model_path
 
-    path = str(resolve_model_path(args.model))
+    path = str(resolve_model_path(args.model, revision=args.revision, download_dir=args.download_dir))
     engine = {"dtype": args.dtype, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "enable_prefix_caching": args.prefix_caching,
               "device": args.device, "seed": args.seed}
@@ -113,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas != 1:
         return _run_replicas(args)
     config = server_config(args)
+    # the server's own warnings (e.g. chat disabled for a small vocabulary) with their level, like the engine's
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     print(f"k3serve: serving {config.names[0]} ({config.model}) on http://{args.host}:{args.port}", flush=True)
     uvicorn.run(build_app(config), host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=5)

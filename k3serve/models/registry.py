@@ -1,4 +1,5 @@
-"""Model names that resolve without a download.
+"""Model names: checkpoint directories, built-in names that resolve without a download, and Hugging Face
+repo ids (fetched by ``hub``).
 
 ``<name>-random`` names are random checkpoints of the packaged tiny configs, written deterministically (seed 0)
 on first use into the cache directory (``$K3SERVE_CACHE``, else ``$XDG_CACHE_HOME/k3serve``, else
@@ -45,8 +46,10 @@ def packaged_config(name: str) -> Path:
     return path
 
 
-def resolve_model_path(name_or_path: str | Path) -> Path:
-    """A checkpoint directory for a path or a built-in model name (creating random ones on first use)."""
+def resolve_model_path(name_or_path: str | Path, *, revision: str | None = None,
+                       download_dir: str | Path | None = None) -> Path:
+    """A checkpoint directory for a path, a built-in model name (creating random ones on first use) or a
+    Hugging Face repo id ``owner/name`` (downloaded at ``revision`` into ``download_dir``, see ``hub``)."""
     name = str(name_or_path)
     if name in TRAINED_MODELS:
         return WEIGHTS_DIR / name
@@ -65,9 +68,15 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
                 shutil.rmtree(tmp, ignore_errors=True)
         return target
     path = Path(name).expanduser()
+    if not path.exists() and isinstance(name_or_path, str):
+        from k3serve.models import hub
+
+        if hub.is_repo_id(name):
+            path = hub.download(name, revision, download_dir)
     if not path.exists():
         raise FileNotFoundError(f"model {name!r} is neither a directory nor a built-in name "
-                                f"({', '.join([*TRAINED_MODELS, *RANDOM_MODELS])})")
+                                f"({', '.join([*TRAINED_MODELS, *RANDOM_MODELS])}) nor a Hugging Face repo id "
+                                "(owner/name)")
     if path.is_file():
         raise FileNotFoundError(f"model path {name!r} is a file; pass the checkpoint directory")
     if not (path / "config.json").exists():

@@ -7,6 +7,7 @@ process and loads the tokenizer and chat format; shutdown stops the engine proce
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from contextlib import asynccontextmanager
 
@@ -25,6 +26,7 @@ from k3serve.server.metrics import Metrics
 from k3serve.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from k3serve.server.state import ServerConfig, ServerState
 
+log = logging.getLogger("k3serve.server")
 VERSION = "0.1.0"
 _OPEN_PATHS = ("/health", "/version", "/metrics", "/kv_events/info", "/openapi.json", "/docs", "/redoc",
                "/docs/oauth2-redirect")
@@ -46,6 +48,10 @@ async def start_state(state: ServerState) -> None:
     state.fmt = chat_format_for(ready.model_type, cfg.chat_format)
     state.tokenizer = await tok_k3 if state.fmt.is_k3 else await asyncio.to_thread(_load_tokenizer, False)
     state.contract = cfg.api_contract or ("kimi" if state.fmt.is_k3 else "openai")
+    state.no_chat = state.check_chat_vocabulary()
+    if state.no_chat is not None:
+        log.warning("chat endpoints disabled for %s: %s; /v1/completions with token ids still works",
+                    cfg.names[0], state.no_chat)
     state.metrics = Metrics(cfg.names[0], lambda: client.stats, lambda: client.num_in_flight)
 
 

@@ -75,6 +75,7 @@ def _renderable(fmt, options: ChatOptions, req: ChatCompletionRequest) -> ChatOp
 
 
 async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
+    state.check_chat()
     fmt, tok = state.fmt, state.tokenizer
     default_thinking = fmt.is_k3 or (fmt.k2_style is not None and fmt.k2_style.think != "none")
     thinking, effort = req.thinking_mode(default_thinking)

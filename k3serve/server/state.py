@@ -48,6 +48,7 @@ class ServerState:
     metrics: Any = None
     started: float = field(default_factory=time.time)
     startup_error: str | None = None
+    no_chat: str | None = None  # why this model cannot serve chat (its vocabulary lacks the control tokens)
 
     def check_api_key(self, header: str | None) -> bool:
         key = self.config.api_key
@@ -71,6 +72,23 @@ class ServerState:
     @property
     def vocab_size(self) -> int:
         return self.client.ready.vocab_size
+
+    def check_chat_vocabulary(self) -> str | None:
+        """Why the chat endpoints cannot work for this model, or None: every chat prompt holds the format's
+        control tokens (ids from 163,584 on), which a small-vocabulary test model (e.g. 2,048 ids) lacks."""
+        token = self.fmt.stop_token
+        tid = self.tokenizer.special_id(token)
+        if tid < self.vocab_size:
+            return None
+        return f"its vocabulary of {self.vocab_size} ids lacks the chat format's control tokens ({token} is id {tid})"
+
+    def check_chat(self) -> None:
+        from k3serve.server.errors import APIError
+
+        if self.no_chat is not None:
+            raise APIError(400, f"model {self.config.names[0]!r} cannot serve chat: {self.no_chat}; use "
+                           "/v1/completions with token ids, or a model with the Kimi vocabulary",
+                           code="model_cannot_chat", param="model")
 
     def check_ids(self, ids: list[int]) -> None:
         if not ids:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from k3serve.engine.request import Request
-from k3serve.engine.sampler import filter_logits, sample
+from k3serve.engine.sampler import filter_logits, filter_logits_reference, nucleus_floor, sample
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.models.generate import SimpleRunner
 
@@ -98,3 +98,91 @@ def test_filter_logits_without_filters_is_identity_and_matches_the_sorting_path(
     # a top_k as large as the vocabulary filters nothing either, but goes through the sort
     full = filter_logits(logits, torch.full((3,), 50), torch.ones(3), torch.zeros(3))
     assert torch.equal(full, logits)
+
+
+def _params(M, gen):
+    """Per-row filters mixing top-p (tiny to 1), top-k and min-p, different in every row."""
+    top_p = torch.tensor([[0.95, 1.0, 1e-6, 0.5, 0.999, 0.3, 0.9][i % 7] for i in range(M)])
+    top_k = torch.tensor([[0, 0, 0, 40, 0, 3, 1000][i % 7] for i in range(M)])
+    min_p = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.01, 0.0, 0.05][i % 7] for i in range(M)])
+    return top_k, top_p, min_p
+
+
+@pytest.mark.parametrize("shape", [(1, 7), (3, 1000), (7, 4099), (9, 20011)])
+@pytest.mark.parametrize("scale", [0.3, 3.0, 12.0])  # flat (sorted fallback), middling, peaked (short prefix)
+def test_filter_logits_equals_the_sorting_reference(shape, scale):
+    gen = torch.Generator().manual_seed(shape[1])
+    logits = torch.randn(*shape, generator=gen) * scale
+    top_k, top_p, min_p = _params(shape[0], gen)
+    fast = filter_logits(logits, top_k, top_p, min_p)
+    ref = filter_logits_reference(logits, top_k, top_p, min_p)
+    assert torch.equal(fast, ref)
+    assert torch.equal(fast.softmax(-1), ref.softmax(-1))
+    assert torch.isfinite(fast).sum(-1).min() >= 1
+
+
+@pytest.mark.parametrize("first_k", [1, 2, 5, 64])
+def test_nucleus_floor_of_any_prefix_equals_the_sorted_floor(first_k):
+    gen = torch.Generator().manual_seed(first_k)
+    # integer logits: many tied probabilities; a top-k mask leaves trailing zeros in some rows
+    logits = torch.randint(0, 6, (12, 997), generator=gen).float()
+    logits[::3, 20:] = float("-inf")
+    top_p = torch.rand(12, generator=gen).clamp(min=1e-3)
+    top_p[5] = 1.0
+    probs = logits.softmax(-1)
+    desc = probs.sort(-1, descending=True).values
+    mass = desc.cumsum(-1)
+    n = (mass < top_p[:, None]).sum(-1).clamp(max=996)
+    want = torch.where(top_p < 1, desc.gather(-1, n[:, None]).squeeze(-1), 0.0)
+    assert torch.equal(nucleus_floor(probs, top_p, first_k=first_k), want)
+
+
+def test_ties_are_kept_or_dropped_together():
+    logits = torch.log(torch.tensor([[0.4, 0.2, 0.2, 0.2, 0.0]] * 2)).float()
+    logits[1] = torch.tensor([3.0, 2.0, 2.0, 0.0, -1.0])
+    for f in (filter_logits, filter_logits_reference):
+        # top-p 0.5: the mass reaches p inside the tie of 0.2s, so all three stay
+        out = f(logits[:1], torch.tensor([0]), torch.tensor([0.5]), torch.tensor([0.0]))
+        assert torch.isfinite(out).tolist() == [[True, True, True, True, False]]
+        # top-k 2 with the 2nd and 3rd logits equal keeps both
+        out = f(logits[1:], torch.tensor([2]), torch.tensor([1.0]), torch.tensor([0.0]))
+        assert torch.isfinite(out).tolist() == [[True, True, True, False, False]]
+
+
+def test_top_p_does_not_sort_the_vocabulary(monkeypatch):
+    logits = torch.randn(4, 50_000, generator=torch.Generator().manual_seed(0)) * 8
+    want = filter_logits_reference(logits, torch.zeros(4, dtype=torch.long), torch.full((4,), 0.95), torch.zeros(4))
+
+    def no_sort(*a, **kw):
+        raise AssertionError("full-vocabulary sort")
+
+    monkeypatch.setattr(torch.Tensor, "sort", no_sort)
+    monkeypatch.setattr(torch, "sort", no_sort)
+    got = filter_logits(logits, torch.zeros(4, dtype=torch.long), torch.full((4,), 0.95), torch.zeros(4))
+    assert torch.equal(got, want)
+
+
+def test_seeded_draws_follow_the_reference_filter():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 3000, generator=gen) * 4
+    kw = [dict(top_p=0.95), dict(top_p=0.5, top_k=20), dict(top_p=1.0, min_p=0.1), dict(top_p=1e-6),
+          dict(top_p=0.8, temperature=0.6), dict(top_k=5)]
+    reqs = [req(str(i), seed=7 + i, **{"temperature": 1.0, **k}) for i, k in enumerate(kw)]
+    twins = [torch.Generator().manual_seed(7 + i) for i in range(len(kw))]
+    p = [r.params for r in reqs]
+    ref = filter_logits_reference(logits / torch.tensor([q.temperature for q in p])[:, None],
+                                  torch.tensor([q.top_k for q in p]), torch.tensor([q.top_p for q in p]),
+                                  torch.tensor([q.min_p for q in p])).softmax(-1)
+    for _ in range(30):
+        got = sample(logits, reqs).tokens
+        noise = torch.stack([torch.empty(3000).exponential_(generator=g) for g in twins])
+        assert got == (ref / noise).argmax(-1).tolist()
+
+
+def test_top_p_draws_follow_the_renormalised_nucleus():
+    probs = torch.tensor([0.4, 0.2, 0.2, 0.15, 0.05])
+    torch.manual_seed(1)
+    r = req(temperature=1.0, top_p=0.6)  # the 0.2 tie straddles p: 0.4, 0.2, 0.2 stay
+    draws = [sample(probs.log()[None], [r]).tokens[0] for _ in range(4000)]
+    freq = torch.bincount(torch.tensor(draws), minlength=5) / 4000
+    assert torch.allclose(freq, torch.tensor([0.5, 0.25, 0.25, 0.0, 0.0]), atol=0.03)
