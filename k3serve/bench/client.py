@@ -5,8 +5,9 @@ when it was sent, when each chunk carrying output arrived and when its stream en
 tokens unless it only ends the choice (a finish reason, no text): servers that stream a chunk per engine step,
 as vLLM and k3serve do, send one even for tokens that decode to no text yet, so TTFT is the first token, not
 the first visible character. A chat chunk carries output when it has text, reasoning or tool-call deltas (chat
-servers hide tokens their parsers swallow); one with only a role, a finish reason or usage carries none. Token counts come from the
-final ``usage`` chunk (asked for with ``stream_options.include_usage``) when the server sends one.
+servers hide tokens their parsers swallow); one with only a role, a finish reason or usage carries none.
+Token counts come from the final ``usage`` chunk (asked for with ``stream_options.include_usage``) when the
+server sends one.
 """
 
 from __future__ import annotations

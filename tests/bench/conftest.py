@@ -4,7 +4,8 @@ Each streamed request gets its first output chunk ``ttft_s`` after the request a
 ``itl_s`` apart, ``tokens_per_chunk`` tokens each (2 mimics speculative decoding), then an empty
 finish-reason chunk, the usage chunk (when asked for and ``usage`` is on) and ``[DONE]``; the first
 ``blank_chunks`` chunks hold tokens without text; with ``stream_error`` an error event follows the first
-chunk instead. Chat streams start with a role-only chunk at once, as OpenAI's do. Every ``fail_every``-th request gets an HTTP 500.
+chunk instead. Chat streams start with a role-only chunk at once, as OpenAI's do. Every ``fail_every``-th
+request gets an HTTP 500.
 
 ``recompute`` re-derives vLLM's aggregates from a result file's raw timestamps, independently of
 k3serve.bench.metrics, for the fake-server and live-server tests.
