@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from k3serve.bench.client import ENDPOINTS, Endpoint, RequestRecord, ServerUnavailable, make_client, send, served_model
-from k3serve.bench.datasets import BenchRequest, DatasetConfig, build_dataset, parse_dataset
+from k3serve.bench.datasets import DEFAULT_OUTPUT_LEN, BenchRequest, DatasetConfig, build_dataset, parse_dataset
 from k3serve.bench.metrics import Goodput, parse_percentiles, summarize
 from k3serve.bench.report import result_dict, summary_text, write_result
 from k3serve.bench.runner import LoadConfig, arrival_schedule, run_load
@@ -45,7 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--prompt-format", choices=["ids", "text"],
                    help="token ids or text, one word-token per id (default: ids; chat is always text)")
     d.add_argument("--input-len", type=int, default=1024, help="prompt tokens (multiturn: new tokens per turn)")
-    d.add_argument("--output-len", type=int, default=128, help="max_tokens per request")
+    d.add_argument("--output-len", type=int,
+                   help="max_tokens per request (default: 128; trace: each record's output_length, which a "
+                        "given value replaces)")
     d.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L(1-r), L(1+r)]")
     d.add_argument("--prefix-len", type=int, default=0, help="tokens of a prefix shared by all requests")
     d.add_argument("--turns", type=int, default=3, help="user turns per multiturn session")
@@ -126,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
                   _extra_body(args.extra_body))  # the model is resolved against the server
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be > 0, got {args.timeout}")
-    data = DatasetConfig(kind, args.num_prompts, args.input_len, args.output_len, args.range_ratio, args.prefix_len,
+    # a trace keeps its own output lengths unless --output-len is given (then it replaces them)
+    output_len = DEFAULT_OUTPUT_LEN if args.output_len is None and kind != "trace" else args.output_len
+    data = DatasetConfig(kind, args.num_prompts, args.input_len, output_len, args.range_ratio, args.prefix_len,
                          args.turns, trace_path, args.trace_block_size, args.vocab_size, args.seed)
     load = LoadConfig(args.request_rate, args.burstiness, args.max_concurrency, args.trace_time_scale, args.seed,
                       progress=not args.disable_tqdm)

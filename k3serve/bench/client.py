@@ -1,9 +1,13 @@
 """One streamed request to an OpenAI-compatible server, timed on the client, and the server preflight.
 
 Timestamps are seconds on the run's clock (``time.perf_counter()`` minus the run start). A request records
-when it was sent, when each chunk carrying output arrived (text, reasoning or tool-call deltas; a chunk with
-only a role, a finish reason or usage carries none) and when its stream ended. Token counts come from the
-final ``usage`` chunk (asked for with ``stream_options.include_usage``) when the server sends one.
+when it was sent, when each chunk carrying output arrived and when its stream ended. A completions chunk carries
+tokens unless it only ends the choice (a finish reason, no text): servers that stream a chunk per engine step,
+as vLLM and k3serve do, send one even for tokens that decode to no text yet, so TTFT is the first token, not
+the first visible character. A chat chunk carries output when it has text, reasoning or tool-call deltas (chat
+servers hide tokens their parsers swallow); one with only a role, a finish reason or usage carries none.
+Token counts come from the final ``usage`` chunk (asked for with ``stream_options.include_usage``) when the
+server sends one.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def _has_output(choice: dict[str, Any]) -> tuple[bool, int]:
         text = (d.get("content") or "") + (d.get("reasoning_content") or d.get("reasoning") or "")
         return bool(text or d.get("tool_calls")), len(text)
     text = choice.get("text") or ""
-    return bool(text), len(text)
+    return bool(text or choice.get("logprobs") or choice.get("finish_reason") is None), len(text)
 
 
 def _error_text(payload: str) -> str:

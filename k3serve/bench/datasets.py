@@ -9,12 +9,13 @@ length, and requests that share leading ids share the same leading text, hence t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 KINDS = ("random", "multiturn", "trace")
 TRACE_BLOCK_TOKENS = 512  # tokens per Mooncake hash_id
+DEFAULT_OUTPUT_LEN = 128  # synthetic datasets' output tokens when --output-len is not given
 
 WORDS = (
     "the of and to in is was for on that with as by at from his he it an were are which this also be or had "
@@ -49,7 +50,7 @@ class DatasetConfig:
     kind: str  # one of KINDS
     num_prompts: int | None = None  # None: 1000 synthetic requests, or the whole trace
     input_len: int = 1024  # new tokens per prompt (per user turn for multiturn)
-    output_len: int = 128
+    output_len: int | None = None  # None: 128, or each trace record's own; a trace's lengths are overridden
     range_ratio: float = 0.0  # lengths uniform in [L(1-r), L(1+r)], as vLLM's random dataset
     prefix_len: int = 0  # one prefix (system prompt) shared by every request / session
     turns: int = 3  # user turns per multiturn session
@@ -63,7 +64,7 @@ class DatasetConfig:
             raise ValueError(f"unknown dataset {self.kind!r}: use random, multiturn or trace:FILE")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise ValueError(f"--num-prompts must be >= 1, got {self.num_prompts}")
-        if self.input_len < 1 or self.output_len < 1:
+        if self.input_len < 1 or (self.output_len is not None and self.output_len < 1):
             raise ValueError("--input-len and --output-len must be >= 1")
         if not 0 <= self.range_ratio < 1:
             raise ValueError(f"--range-ratio must be in [0, 1), got {self.range_ratio}")
@@ -94,6 +95,8 @@ def build_dataset(cfg: DatasetConfig) -> list[BenchRequest]:
     if cfg.kind == "trace":
         return _trace(cfg)
     n = 1000 if cfg.num_prompts is None else cfg.num_prompts
+    if cfg.output_len is None:
+        cfg = replace(cfg, output_len=DEFAULT_OUTPUT_LEN)
     prefix = _ids(rng, cfg.prefix_len, cfg.vocab_size)
     if cfg.kind == "random":
         return [BenchRequest(_with_prefix(prefix, ("user", _ids(rng, _length(rng, cfg.input_len, cfg),
@@ -141,7 +144,7 @@ def _multiturn(cfg: DatasetConfig, n: int, prefix: tuple[int, ...], rng: np.rand
 def _trace(cfg: DatasetConfig) -> list[BenchRequest]:
     """Mooncake trace replay: hash_id h -> a fixed block of ids (seeded by (seed, h)), so equal leading
     hash_ids are equal leading tokens. ``trace_block_size`` < 512 scales every block (and the partial last
-    one) down by the same factor."""
+    one) down by the same factor. ``output_len``, when given, replaces every record's output length."""
     from k3serve.router.trace import load_trace
 
     records = load_trace(cfg.trace_path or "")  # raises FileNotFoundError / ValueError with the line
@@ -158,5 +161,6 @@ def _trace(cfg: DatasetConfig) -> list[BenchRequest]:
             if h not in blocks:
                 blocks[h] = _ids(np.random.default_rng([cfg.seed, h]), bs, cfg.vocab_size)
             ids.extend(blocks[h][:size])
-        out.append(BenchRequest((("user", tuple(ids)),), max(1, r.output_tokens), arrival_s=r.arrival_s - t0))
+        out_len = max(1, r.output_tokens) if cfg.output_len is None else cfg.output_len
+        out.append(BenchRequest((("user", tuple(ids)),), out_len, arrival_s=r.arrival_s - t0))
     return out

@@ -6,7 +6,8 @@ Per successful request, from client timestamps:
     TPOT 0 against a goodput SLO, as in vLLM).
   * ITL  = the gaps between consecutive output chunks, pooled over requests (with several tokens per
     chunk, e.g. speculative decoding, ITL is not TPOT). Unlike vLLM we skip chunks without output (a
-    finish-reason or usage frame follows the last token by microseconds and would fake a tiny gap).
+    finish-reason or usage frame follows the last token by microseconds and would fake a tiny gap); a
+    completions chunk of tokens without text is output (client.py).
 Throughputs divide by the run's duration (first send scheduled to last response); input tokens count only
 successful requests. Goodput = requests meeting every given SLO / duration. Percentiles are numpy's linear.
 """

@@ -4,7 +4,8 @@ Lengths of a request (the scheduling arithmetic, as in mini-sglang's ``Req``)::
 
     token_ids          = prompt + outputs                      (num_tokens)
     num_computed_tokens  tokens whose MLA latents and KDA state are in the caches (the forward's cached_len)
-    num_prefix_hit_tokens  of those, tokens that came from the prefix cache
+    num_prefix_hit_tokens  prompt tokens that came from the prefix cache at the first admission (always
+                         < the prompt length; a recompute after preemption does not change it)
     extend_len         = num_tokens - num_computed_tokens      tokens still to feed to the model
 
 A request samples a token in a step only when that step computes its last token (``extend_len`` reaches 0).

@@ -176,7 +176,10 @@ class Scheduler:
         if hit_tokens:
             self.states.acquire(hit.snapshot_slot)
             batch.state_copies.append((hit.snapshot_slot, req.slot))
-        req.num_prefix_hit_tokens = hit_tokens
+        if not req.num_preemptions:
+            # usage's cached prompt tokens: a recompute's hit also covers the request's own outputs, so only
+            # the first admission says how much of the prompt the cache served (vLLM counts it the same way)
+            req.num_prefix_hit_tokens = hit_tokens
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         self.num_admitted_tokens += req.num_tokens

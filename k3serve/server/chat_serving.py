@@ -32,9 +32,16 @@ def _reasoning_tokens(state: ServerState, dec: ChoiceDecoder) -> int:
     return int(state.tokenizer.count(text)) if text else 0
 
 
+def _cached(job: ChatJob, dec: ChoiceDecoder) -> int:
+    """The reported prompt's tokens that the prefix cache served. The kimi contract reports the prompt without
+    its last 3 ids (the channel-open stub, chat_format_examples.md §3.3); a cache hit is a prefix of the whole
+    prompt, so the part of it that reaches into the stub is no reported prompt token."""
+    return min(dec.num_cached_tokens, job.usage_prompt_tokens)
+
+
 def _usage(state: ServerState, job: ChatJob, decs: list[ChoiceDecoder]) -> dict[str, Any]:
     return usage(job.usage_prompt_tokens, sum(d.num_tokens for d in decs),
-                 cached=max((d.num_cached_tokens for d in decs), default=0),
+                 cached=max((_cached(job, d) for d in decs), default=0),
                  reasoning=sum(_reasoning_tokens(state, d) for d in decs))
 
 
@@ -90,7 +97,7 @@ async def chat_stream(state: ServerState, job: ChatJob, model: str) -> AsyncIter
                 if reasoning[k]:
                     yield frame(k, {"reasoning_content": ""})
                     reasoning[k] = False
-                u = usage(job.usage_prompt_tokens, dec.num_tokens, cached=dec.num_cached_tokens,
+                u = usage(job.usage_prompt_tokens, dec.num_tokens, cached=_cached(job, dec),
                           reasoning=_reasoning_tokens(state, dec))
                 yield frame(k, {}, finish=dec.final_finish_reason(), logprobs=pending, choice_usage=u)
     except (ValueError, EngineDead) as e:

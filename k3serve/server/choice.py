@@ -47,6 +47,7 @@ class ChoiceDecoder:
         self.deltas: list[Delta] = []
         self._pieces: list[str] = []
         self.num_tokens = 0
+        self.step_tokens = 0  # token ids in the last engine step (its text may be empty)
         self.num_prompt_tokens = 0
         self.num_cached_tokens = 0
         self.num_calls = 0
@@ -64,6 +65,7 @@ class ChoiceDecoder:
     def push(self, out: Output) -> tuple[list[Delta] | str, list[tuple[int, dict[int, float]]]]:
         """New deltas (or raw text without a parser) and the logprobs of this step's tokens."""
         ids = out.token_ids
+        self.step_tokens = len(ids)
         self.num_tokens += len(ids)
         self.num_prompt_tokens = out.num_prompt_tokens or self.num_prompt_tokens
         self.num_cached_tokens = out.num_cached_tokens

@@ -1,4 +1,5 @@
-"""`/v1/completions`: raw prompts (text or token ids, one or a batch) in `text_completion` form."""
+"""`/v1/completions`: raw prompts (text or token ids, one or a batch) in `text_completion` form. The choices of
+every prompt of a batch run in the engine at once; choice `n·i + k` is prompt i's k-th."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3serve.server.choice import ChoiceDecoder, token_str
-from k3serve.server.engine_client import EngineDead
+from k3serve.server.engine_client import EngineBusy, EngineDead
 from k3serve.server.errors import error_body
-from k3serve.server.generation import SSE_DONE, Timer, new_id, run_choices, sse, usage
+from k3serve.server.generation import SSE_DONE, Timer, choice_sampling, new_id, run_requests, sse, usage
 from k3serve.server.messages import Sampling
 from k3serve.server.protocol import CompletionRequest
 from k3serve.server.state import ServerState
@@ -47,14 +48,48 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Completion
     include_usage = req.check_stream_options()
     samplings = [req.to_sampling_params(state.contract, prompt_len=len(ids), max_model_len=state.max_model_len)
                  for ids in prompts]
+    # every prompt's choices run at once (completion_stream): admit them all or none
+    state.client.check_admission(len(prompts) * (req.n or 1))
     return CompletionJob(prompts, texts, samplings, req.n or 1, req.stop_strings(), req.logprobs, req.echo,
                          include_usage, req.skip_special_tokens, req.logit_bias_ids(state.contract))
 
 
 def _decoders(state: ServerState, job: CompletionJob) -> list[ChoiceDecoder]:
+    """One decoder per choice of every prompt; choice j = prompt j // n, its k = j % n (the response index)."""
     skip = frozenset(state.tokenizer.special_tokens.values()) if job.skip_special else frozenset()
-    return [ChoiceDecoder(k, state.tokenizer.decode_bytes, stop=job.stop, skip_ids=skip,
-                          eos_ids=state.client.ready.eos_token_ids) for k in range(job.n)]
+    return [ChoiceDecoder(j, state.tokenizer.decode_bytes, stop=job.stop, skip_ids=skip,
+                          eos_ids=state.client.ready.eos_token_ids) for j in range(len(job.prompts) * job.n)]
+
+
+def _requests(rid: str, job: CompletionJob) -> list[tuple[str, list[int], Sampling]]:
+    return [(f"{rid}-{i}-{k}", ids, choice_sampling(sampling, k, job.n))
+            for i, (ids, sampling) in enumerate(zip(job.prompts, job.samplings)) for k in range(job.n)]
+
+
+class _Batch:
+    """Every choice of every prompt runs at once; this keeps each prompt's timer, records its metrics when
+    its last choice ends, and sums the usage."""
+
+    def __init__(self, state: ServerState, job: CompletionJob, decs: list[ChoiceDecoder]):
+        self.state, self.job, self.decs = state, job, decs
+        self.timers = [Timer() for _ in job.prompts]
+        self.left = [job.n] * len(job.prompts)
+
+    def stepped(self, j: int) -> None:
+        i = j // self.job.n
+        self.timers[i].mark_first()
+        if self.decs[j].done:
+            self.left[i] -= 1
+            if not self.left[i]:
+                self.state.metrics.finished(self.timers[i], len(self.job.prompts[i]), self.choices(i))
+
+    def choices(self, i: int) -> list[ChoiceDecoder]:
+        return self.decs[i * self.job.n:(i + 1) * self.job.n]
+
+    def usage(self) -> dict[str, Any]:
+        n_cached = sum(max(d.num_cached_tokens for d in self.choices(i)) for i in range(len(self.job.prompts)))
+        return usage(sum(len(ids) for ids in self.job.prompts), sum(d.num_tokens for d in self.decs),
+                     cached=n_cached)
 
 
 def _logprobs(state: ServerState, dec: ChoiceDecoder, top: int, items=None, offset: int = 0) -> dict[str, Any]:
@@ -71,27 +106,22 @@ def _logprobs(state: ServerState, dec: ChoiceDecoder, top: int, items=None, offs
 
 
 async def completion_response(state: ServerState, job: CompletionJob, model: str) -> dict[str, Any]:
-    rid, timer = new_id("cmpl-"), Timer()
-    choices, n_prompt, n_out, n_cached = [], 0, 0, 0
-    for i, (ids, sampling) in enumerate(zip(job.prompts, job.samplings)):
-        decs = _decoders(state, job)
-        async for _ in run_choices(state.client, f"{rid}-{i}", ids, sampling, decs, logit_bias=job.logit_bias):
-            timer.mark_first()
-        n_prompt += len(ids)
-        n_cached += max((d.num_cached_tokens for d in decs), default=0)
-        for d in decs:
-            n_out += d.num_tokens
-            choices.append({"index": i * job.n + d.index, "text": (job.texts[i] if job.echo else "") + d.text,
-                            "logprobs": None if job.logprobs is None else _logprobs(state, d, job.logprobs),
-                            "finish_reason": d.final_finish_reason()})
-        state.metrics.finished(timer, len(ids), decs)
+    rid, decs = new_id("cmpl-"), _decoders(state, job)
+    batch = _Batch(state, job, decs)
+    async for j, _, _ in run_requests(state.client, _requests(rid, job), decs, logit_bias=job.logit_bias):
+        batch.stepped(j)
+    choices = [{"index": d.index, "text": (job.texts[d.index // job.n] if job.echo else "") + d.text,
+                "logprobs": None if job.logprobs is None else _logprobs(state, d, job.logprobs),
+                "finish_reason": d.final_finish_reason()} for d in decs]
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(n_prompt, n_out, cached=n_cached)}
+            "choices": choices, "usage": batch.usage()}
 
 
 async def completion_stream(state: ServerState, job: CompletionJob, model: str) -> AsyncIterator[bytes]:
-    rid, created, timer = new_id("cmpl-"), int(time.time()), Timer()
-    n_prompt = n_out = n_cached = 0
+    """One chunk per engine step that gave a choice new token ids, even when they decode to no text yet (as
+    vLLM does): clients and `k3serve bench` see each token arrive. A finish chunk (`text: ""`) ends each choice."""
+    rid, created, decs = new_id("cmpl-"), int(time.time()), _decoders(state, job)
+    batch = _Batch(state, job, decs)
 
     def frame(index: int, text: str, finish: str | None = None, logprobs: Any = None) -> bytes:
         return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
@@ -99,29 +129,23 @@ async def completion_stream(state: ServerState, job: CompletionJob, model: str) 
                     "usage": None})
 
     try:
-        for i, (ids, sampling) in enumerate(zip(job.prompts, job.samplings)):
-            decs = _decoders(state, job)
-            n_prompt += len(ids)
-            if job.echo:
-                for k in range(job.n):
-                    yield frame(i * job.n + k, job.texts[i])
-            async for k, text, lps in run_choices(state.client, f"{rid}-{i}", ids, sampling, decs,
-                                                  logit_bias=job.logit_bias):
-                timer.mark_first()
-                lp = _logprobs(state, decs[k], job.logprobs, lps) if job.logprobs is not None and lps else None
-                if text or lp:
-                    yield frame(i * job.n + k, text, logprobs=lp)
-                if decs[k].done:
-                    n_out += decs[k].num_tokens
-                    yield frame(i * job.n + k, "", decs[k].final_finish_reason())
-            n_cached += max((d.num_cached_tokens for d in decs), default=0)
-            state.metrics.finished(timer, len(ids), decs)
-    except (ValueError, EngineDead) as e:
-        status = 503 if isinstance(e, EngineDead) else 400
+        if job.echo:
+            for j in range(len(decs)):
+                yield frame(j, job.texts[j // job.n])
+        async for j, text, lps in run_requests(state.client, _requests(rid, job), decs, logit_bias=job.logit_bias):
+            dec = decs[j]
+            batch.stepped(j)
+            lp = _logprobs(state, dec, job.logprobs, lps) if job.logprobs is not None and lps else None
+            if text or lp or dec.step_tokens:
+                yield frame(j, text, logprobs=lp)
+            if dec.done:
+                yield frame(j, "", dec.final_finish_reason())
+    except (ValueError, EngineDead, EngineBusy) as e:
+        status = 400 if isinstance(e, ValueError) else 503
         yield sse(error_body(status, str(e)))
         yield SSE_DONE
         return
     if job.include_usage:
         yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                   "usage": usage(n_prompt, n_out, cached=n_cached)})
+                   "usage": batch.usage()})
     yield SSE_DONE

@@ -1,4 +1,5 @@
-"""Running n choices of one prompt through the engine and merging their steps into one stream.
+"""Running engine requests at once and merging their steps into one stream: the n choices of one
+prompt, or every choice of every prompt of a `/v1/completions` batch.
 
 Each choice is its own engine request (`<id>-<k>`, seed + k·1000003 when seeded, as the offline
 engine does). Leaving the merged iterator early (client gone, stop string, error) closes every
@@ -36,18 +37,30 @@ def choice_sampling(sampling: Sampling, k: int, n: int) -> Sampling:
     return msgspec.structs.replace(sampling, seed=sampling.seed + k * SEED_STRIDE)
 
 
-async def run_choices(client, request_id: str, prompt_ids: list[int], sampling: Sampling,
-                      decoders: Sequence[ChoiceDecoder], *, grammar: str | None = None,
-                      logit_bias: dict[int, float] | None = None,
-                      images: Sequence[Any] = ()) -> AsyncIterator[tuple[int, Any, list]]:
+def run_choices(client, request_id: str, prompt_ids: list[int], sampling: Sampling,
+                decoders: Sequence[ChoiceDecoder], *, grammar: str | None = None,
+                logit_bias: dict[int, float] | None = None,
+                images: Sequence[Any] = ()) -> AsyncIterator[tuple[int, Any, list]]:
     """Yield `(choice index, deltas or text, logprobs)` per engine step of any choice."""
     n = len(decoders)
+    requests = [(f"{request_id}-{k}", prompt_ids, choice_sampling(sampling, k, n)) for k in range(n)]
+    return run_requests(client, requests, decoders, grammar=grammar, logit_bias=logit_bias, images=images)
+
+
+async def run_requests(client, requests: Sequence[tuple[str, list[int], Sampling]],
+                       decoders: Sequence[ChoiceDecoder], *, grammar: str | None = None,
+                       logit_bias: dict[int, float] | None = None,
+                       images: Sequence[Any] = ()) -> AsyncIterator[tuple[int, Any, list]]:
+    """Run the `(request id, prompt ids, sampling)` requests at once, request j decoded by `decoders[j]`;
+    yield `(j, deltas or text, logprobs)` per engine step of any of them. A failing request, or leaving
+    early, aborts all of them."""
+    n = len(requests)
     if n == 1:
-        # one choice (the common case): read its stream here, without a merging task and queue,
+        # one request (the common case): read its stream here, without a merging task and queue,
         # which would cost two more task switches per token
         dec = decoders[0]
-        stream = client.generate(f"{request_id}-0", prompt_ids, sampling, grammar=grammar, logit_bias=logit_bias,
-                                 images=images)
+        rid, prompt_ids, sampling = requests[0]
+        stream = client.generate(rid, prompt_ids, sampling, grammar=grammar, logit_bias=logit_bias, images=images)
         async with contextlib.aclosing(stream):  # see `one` below
             async for out in stream:
                 items, lps = dec.push(out)
@@ -57,35 +70,35 @@ async def run_choices(client, request_id: str, prompt_ids: list[int], sampling: 
         return
     q: asyncio.Queue = asyncio.Queue()
 
-    async def one(k: int) -> None:
-        dec = decoders[k]
-        stream = client.generate(f"{request_id}-{k}", prompt_ids, choice_sampling(sampling, k, n),
-                                 grammar=grammar, logit_bias=logit_bias, images=images)
+    async def one(j: int) -> None:
+        dec = decoders[j]
+        rid, prompt_ids, sampling = requests[j]
+        stream = client.generate(rid, prompt_ids, sampling, grammar=grammar, logit_bias=logit_bias, images=images)
         try:
             # aclosing: leaving early (a stop string, the one call of parallel_tool_calls=false)
             # closes the stream now, which aborts the engine request at once, not at garbage collection
             async with contextlib.aclosing(stream):
                 async for out in stream:
                     items, lps = dec.push(out)
-                    q.put_nowait((k, items, lps))
+                    q.put_nowait((j, items, lps))
                     if dec.done:
                         break
         except Exception as e:  # noqa: BLE001 - re-raised in the consumer
-            q.put_nowait((k, e, None))
+            q.put_nowait((j, e, None))
         finally:
-            q.put_nowait((k, _END, None))
+            q.put_nowait((j, _END, None))
 
-    tasks = [asyncio.create_task(one(k)) for k in range(n)]
+    tasks = [asyncio.create_task(one(j)) for j in range(n)]
     try:
         remaining = n
         while remaining:
-            k, item, lps = await q.get()
+            j, item, lps = await q.get()
             if item is _END:
                 remaining -= 1
             elif isinstance(item, Exception):
                 raise item
             else:
-                yield k, item, lps
+                yield j, item, lps
     finally:
         for t in tasks:
             t.cancel()

@@ -2,9 +2,10 @@
 
 Each streamed request gets its first output chunk ``ttft_s`` after the request arrived and the next ones
 ``itl_s`` apart, ``tokens_per_chunk`` tokens each (2 mimics speculative decoding), then an empty
-finish-reason chunk, the usage chunk (when asked for and ``usage`` is on) and ``[DONE]``; with
-``stream_error`` an error event follows the first chunk instead. Chat streams
-start with a role-only chunk at once, as OpenAI's do. Every ``fail_every``-th request gets an HTTP 500.
+finish-reason chunk, the usage chunk (when asked for and ``usage`` is on) and ``[DONE]``; the first
+``blank_chunks`` chunks hold tokens without text; with ``stream_error`` an error event follows the first
+chunk instead. Chat streams start with a role-only chunk at once, as OpenAI's do. Every ``fail_every``-th
+request gets an HTTP 500.
 
 ``recompute`` re-derives vLLM's aggregates from a result file's raw timestamps, independently of
 k3serve.bench.metrics, for the fake-server and live-server tests.
@@ -30,6 +31,7 @@ class FakeConfig:
     usage: bool = True
     fail_every: int = 0  # 0: never
     stream_error: bool = False  # an error event after the first chunk, as servers report mid-stream failures
+    blank_chunks: int = 0  # the first chunks hold tokens without text (special tokens, split UTF-8), as vLLM sends
     models: tuple[str, ...] = ("fake-model",)
 
 
@@ -127,7 +129,8 @@ class FakeServer:
             for k in range(chunks):
                 due = arrived + cfg.ttft_s + k * cfg.itl_s
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                await event({"choices": [choice(" tok" * min(cfg.tokens_per_chunk, n - k * cfg.tokens_per_chunk))]})
+                text = "" if k < cfg.blank_chunks else " tok" * min(cfg.tokens_per_chunk, n - k * cfg.tokens_per_chunk)
+                await event({"choices": [choice(text)]})
                 if cfg.stream_error:
                     await event({"error": {"message": "engine died", "type": "internal_error"}})
                     await event("[DONE]")

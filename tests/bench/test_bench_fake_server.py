@@ -152,3 +152,28 @@ def test_trace_replay_keeps_timestamps_and_prefixes(fake_server, tmp_path):
     prompts = [b["prompt"] for b in srv.state.bodies[1:]]  # arrival order = trace order here
     assert [len(p) for p in prompts] == [8 + 8] * 3  # 1000 tokens = 512 + 488 -> 8 + round(7.6)
     assert prompts[0] == prompts[2] and prompts[0][:8] == prompts[1][:8] and prompts[0][8:] != prompts[1][8:]
+
+
+def test_ttft_is_the_first_token_even_without_text(fake_server, tmp_path, recompute):
+    # the first 3 of 5 chunks hold tokens that decode to no text yet: TTFT is the first chunk, not the fourth
+    # (0.05 + 3 * 0.3 s after the request), and every chunk is one ITL sample
+    srv = fake_server.reset(ttft_s=0.05, itl_s=0.3, blank_chunks=3)
+    rc, res = bench(tmp_path, srv.url, "--num-prompts", "2", "--input-len", "4", "--output-len", "5")
+    assert rc == 0
+    for r in res["requests"]:
+        assert len(r["chunk_s"]) == 5 and r["output_tokens"] == 5
+        assert 0.05 <= r["chunk_s"][0] - r["send_s"] < 0.05 + SLACK_S
+    assert res["mean_ttft_ms"] == pytest.approx(recompute(res, {})["mean_ttft_ms"])
+
+
+def test_output_len_overrides_a_traces_lengths(fake_server, tmp_path):
+    srv = fake_server.reset(ttft_s=0.01, itl_s=0.005)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 10 * i, "input_length": 20, "output_length": 2,
+                                         "hash_ids": [i]}) + "\n" for i in range(2)))
+    rc, res = bench(tmp_path, srv.url, "--dataset", f"trace:{trace}", "--output-len", "3")
+    assert rc == 0 and [b["max_tokens"] for b in srv.state.bodies[1:]] == [3, 3]
+    assert [r["output_tokens"] for r in res["requests"]] == [3, 3]
+    srv.reset(ttft_s=0.01, itl_s=0.005)
+    rc, res = bench(tmp_path, srv.url, "--dataset", f"trace:{trace}")  # without it: the trace's own lengths
+    assert rc == 0 and [b["max_tokens"] for b in srv.state.bodies[1:]] == [2, 2]

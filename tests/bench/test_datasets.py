@@ -65,6 +65,13 @@ def test_trace_hash_ids_map_to_fixed_token_blocks(tmp_path):
     assert other_seed.prompt_ids != a.prompt_ids
 
 
+def test_trace_output_len_replaces_the_records_lengths(tmp_path):
+    path = write_trace(tmp_path / "t.jsonl", TRACE)
+    assert [r.output_len for r in build_dataset(DatasetConfig("trace", trace_path=path, output_len=16))] == [16] * 3
+    assert [r.output_len for r in build_dataset(DatasetConfig("trace", trace_path=path))] == [7, 1, 5]
+    assert build_dataset(DatasetConfig("random", 2, 4))[0].output_len == 128  # the synthetic default
+
+
 def test_trace_block_size_shrinks_prompts_and_keeps_sharing(tmp_path):
     path = write_trace(tmp_path / "t.jsonl", TRACE)
     a, b, c = build_dataset(DatasetConfig("trace", trace_path=path, trace_block_size=32))

@@ -84,6 +84,21 @@ def test_preemption_by_recompute_keeps_outputs_and_frees_everything():
     assert_pools_full(s)
 
 
+def test_prefix_hit_counts_prompt_tokens_only_even_after_a_recompute():
+    # 44 tokens of MLA cache for 4 requests of 5 + 20: preempted requests come back and hit the blocks of
+    # their own outputs, which are no prompt tokens served from the cache (usage's cached_tokens)
+    s = make(num_blocks=11, max_seqs=4, budget=64)
+    reqs = [req(i, range(10 * i, 10 * i + 5), max_tokens=20) for i in range(4)]
+    for r in reqs:
+        s.add(r)
+    rng = random.Random(1)
+    while s.has_unfinished():
+        step(s, rng)
+        assert all(r.num_prefix_hit_tokens == 0 for r in reqs)  # distinct prompts: nothing cached
+    assert s.num_preemptions > 0 and s.num_hit_tokens > 0  # the recomputes did hit
+    assert_pools_full(s)
+
+
 def test_prefix_hit_needs_blocks_and_a_snapshot_at_the_same_position():
     prompt = list(range(23))  # 5 full blocks; prompt-end snapshot at 20
     s = make(interval=8)

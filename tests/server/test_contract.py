@@ -199,3 +199,28 @@ def test_completions_report_cached_tokens(openai_server, stream):
 
     assert cached() == 0
     assert cached() >= 64  # the whole blocks of the first run's prompt
+
+
+def test_kimi_chat_cached_tokens_never_exceed_the_reported_prompt(kimi_server):
+    """The kimi contract reports prompt_tokens without the 3-id channel-open stub that ends the prompt. A prompt
+    of 16k + 1 ids is cached up to 16k ids on a repeat, 2 of them in the stub: cached_tokens must stop at the
+    reported prompt (README's tool request shape)."""
+    s = kimi_server
+    book = {"type": "function", "function": {"name": "book_hotel", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+    def ask(words: int, **extra) -> httpx.Response:
+        content = "Can you book the hotel?\ncity: \"Paris\"" + " x" * words
+        r = s.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": content}],
+                                            "tools": [book], "max_tokens": 1, **extra})
+        assert r.status_code == 200, r.text
+        return r
+
+    words = next(w for w in range(48) if (ask(w).json()["usage"]["prompt_tokens"] + 3) % 16 == 1)
+    usage = ask(words).json()["usage"]  # the whole prompt was seen just now
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"]
+    r = ask(words, stream=True, stream_options={"include_usage": True})
+    frames = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    finish = [f["choices"][0]["usage"] for f in frames if f["choices"] and f["choices"][0]["finish_reason"]]
+    for u in finish + [frames[-1]["usage"]]:
+        assert u["prompt_tokens_details"]["cached_tokens"] == u["prompt_tokens"] == usage["prompt_tokens"]
