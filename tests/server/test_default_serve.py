@@ -41,3 +41,20 @@ def test_default_serve_answers_the_readme_example():
         assert msg["reasoning_content"] == shown["reasoning_content"]
     finally:
         server.stop()
+
+
+def test_readme_thinking_off_request_turns_thinking_off():
+    """The API section's per-request switch, as written there, gives an answer without reasoning."""
+    body, shown = _readme_example()
+    switch = re.search(r'`"chat_template_kwargs": (\{.*?\})`', README.read_text())
+    assert switch, "README lost how to turn thinking off"
+    server = Server(None)
+    try:
+        r = httpx.post(server.url + "/v1/chat/completions",
+                       json={**body, "chat_template_kwargs": json.loads(switch.group(1))}, timeout=120)
+        assert r.status_code == 200, r.text
+        msg = r.json()["choices"][0]["message"]
+        assert not msg.get("reasoning_content")
+        assert [c["function"]["name"] for c in msg["tool_calls"]] == ["book_hotel"]
+    finally:
+        server.stop()
