@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 
+from k3serve.core.process import die_with_parent
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("k3serve.entrypoints.serve_cli", "serve a model (default: the package's built-in model)"),
@@ -52,6 +54,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    die_with_parent()  # a replica (router/launch.py) goes when its launcher goes
     try:
         parser = build_parser(argv)
         args = parser.parse_args(argv)
