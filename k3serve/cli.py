@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 
+from k3serve.core.process import die_with_parent
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("k3serve.entrypoints.serve_cli", "serve a model (default: the package's built-in model)"),
@@ -22,6 +24,32 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("k3serve.bench.cli", "load-generate against an OpenAI-compatible server"),
     "params": ("k3serve.entrypoints.params_cli", "count a model config's total and active parameters"),
 }
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every subcommand's help: descriptions as written, and "(default: X)" only where it says something
+    the help text does not (no default of None, no True/False for a flag, never twice)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is argparse.SUPPRESS or isinstance(default, bool) or default == []
+                or action.nargs == 0 or "default" in text.lower()):
+            return text
+        return super()._get_help_string(action)
+
+
+class RawHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """``HelpFormatter`` for parsers that lay out their own description and epilog."""
+
+
+def _use_formatter(parser: argparse.ArgumentParser) -> None:
+    raw = issubclass(parser.formatter_class, argparse.RawDescriptionHelpFormatter)
+    parser.formatter_class = RawHelpFormatter if raw else HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _use_formatter(sub)
 
 
 class CLIError(Exception):
@@ -47,11 +75,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
                 if e.name and e.name.startswith("k3serve"):
                     raise CLIError(f"'k3serve {name}' is not available in this build") from None
                 raise
+    _use_formatter(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    die_with_parent()  # a replica (router/launch.py) goes when its launcher goes
     try:
         parser = build_parser(argv)
         args = parser.parse_args(argv)

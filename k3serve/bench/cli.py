@@ -25,7 +25,6 @@ from k3serve.cli import CLIError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     p.epilog = ("TTFT/TPOT/ITL/E2EL, throughputs and goodput follow vllm bench serve (see k3serve/bench/metrics.py). "
                 "Output token counts come from the server's usage chunk when present, else from the stream.")
     g = p.add_argument_group("server")

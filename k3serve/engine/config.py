@@ -36,3 +36,21 @@ class EngineConfig:
                f"must be in [0, 1), got {self.snapshot_memory_fraction}")
         _check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len",
                f"must be >= 2, got {self.max_model_len}")
+
+
+def check_device(device: str) -> None:
+    """Refuse a device this machine does not have, in one line (torch would say it deep in allocation)."""
+    import torch
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device: {device!r} is not a torch device (try 'cpu' or 'cuda')") from None
+    if d.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device: {device!r} asked for, but no CUDA GPU is available here (use --device cpu)")
+        if d.index is not None and d.index >= count:
+            raise ValueError(f"device: {device!r} asked for, but only {count} CUDA GPU(s) are visible")
+    elif d.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device: {device!r} asked for, but MPS is not available here")

@@ -16,7 +16,7 @@ from torch import nn
 
 from k3serve.core.config import ModelConfig
 from k3serve.engine.block_pool import BlockPool
-from k3serve.engine.config import EngineConfig
+from k3serve.engine.config import EngineConfig, check_device
 from k3serve.engine.detokenizer import IncrementalDetokenizer
 from k3serve.engine.logits_processor import LogitsProcessor
 from k3serve.engine.memory import CachePlan, keep_freed_memory, plan_cache, resolve_budget
@@ -47,6 +47,7 @@ class LLMEngine:
     def __init__(self, model: str | Path | nn.Module, *, config: EngineConfig | None = None,
                  dtype: torch.dtype = torch.float32, model_config: ModelConfig | None = None,
                  tokenizer: Any | None = None, device: str = "cpu"):
+        check_device(device)
         if isinstance(model, nn.Module):
             if model_config is None:
                 raise ValueError("model_config: required when passing a model object")
@@ -62,6 +63,9 @@ class LLMEngine:
         text = model_config.text
         self.vocab_size = text.vocab_size
         self.eos_token_ids = tuple(text.eos_token_id)
+        if config.max_model_len is not None and config.max_model_len > text.max_position_embeddings:
+            raise ValueError(f"max_model_len: {config.max_model_len} is longer than the model's "
+                             f"max_position_embeddings ({text.max_position_embeddings})")
         self.max_model_len = config.max_model_len or text.max_position_embeddings
         spec = cache_spec(model, dtype)
         self.plan: CachePlan = plan_cache(

@@ -3,12 +3,19 @@
 Two processes: this one runs the HTTP server (validation, chat rendering, tokenization,
 detokenization, output parsing); the engine core runs in a child process and the two talk typed
 messages over ZMQ. Parallelism flags the planner prints are accepted and must be 1 for now.
+
+Start-up order: flags are checked (one line and exit 1 on a bad one), the port is taken, the engine
+starts (its failure is one line too), and only then "serving on" is printed and HTTP served. SIGTERM,
+SIGINT and SIGHUP stop it gracefully, engine included; the engine also dies if this process is killed.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
+import socket
 
 from k3serve.entrypoints.generate_cli import DEFAULT_MODEL, add_download_arguments
 
@@ -16,7 +23,6 @@ _UNSUPPORTED_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                    help="checkpoint directory, Hugging Face repo id (owner/name) or built-in model name")
     add_download_arguments(p)
@@ -40,7 +46,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hosts whose http(s) image URLs may be fetched (data: URLs are always accepted)")
     g.add_argument("--limit-images", type=int, default=8, help="images per request")
     g.add_argument("--max-image-bytes", type=int, default=20 << 20, help="bytes per image")
-    g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    lg = p.add_argument_group("logging")
+    lg.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                    help="level of the HTTP server's (uvicorn's) own messages")
+    lg.add_argument("--disable-access-log", "--disable-uvicorn-access-log", dest="disable_access_log",
+                    action="store_true", help="no access log line (client, method, path, status, latency) "
+                                              "per request")
+    lg.add_argument("--disable-log-stats", action="store_true", help="no periodic engine stats line")
+    lg.add_argument("--log-stats-interval", type=float, default=10.0,
+                    help="seconds between engine stats lines (logged only when the engine was busy)")
     r = p.add_argument_group("routing")
     r.add_argument("--kv-events", action="store_true",
                    help="publish KV cache events for a KV-aware router ('k3serve route'); see /kv_events/info")
@@ -90,12 +104,16 @@ def server_config(args: argparse.Namespace):
         raise ValueError("--limit-images must be >= 0 and --max-image-bytes >= 1")
     if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    if not args.log_stats_interval > 0:
+        raise ValueError(f"--log-stats-interval must be > 0 seconds, got {args.log_stats_interval}")
     from k3serve.models.registry import resolve_model_path
 
     path = str(resolve_model_path(args.model, revision=args.revision, download_dir=args.download_dir))
+    check_engine_flags(args, path)
     engine = {"dtype": args.dtype, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "enable_prefix_caching": args.prefix_caching,
-              "device": args.device, "seed": args.seed}
+              "device": args.device, "seed": args.seed,
+              "log_stats_interval": 0.0 if args.disable_log_stats else args.log_stats_interval}
     if args.gpu_memory_utilization is not None:
         engine["kv_cache_memory"] = args.gpu_memory_utilization
     if args.kv_events:
@@ -103,13 +121,31 @@ def server_config(args: argparse.Namespace):
     return ServerConfig(model=path, served_model_names=tuple(args.served_model_name or (args.model,)),
                         api_key=args.api_key, api_contract=args.api_contract, chat_format=args.chat_format,
                         max_queued_requests=args.max_queued_requests, engine=engine,
+                        access_log=not args.disable_access_log,
                         media=MediaLimits(max_images=args.limit_images, max_image_bytes=args.max_image_bytes,
                                           allowed_domains=tuple(d.lower() for d in args.allowed_media_domains)))
 
 
-def run(args: argparse.Namespace) -> int:
-    import uvicorn
+def check_engine_flags(args: argparse.Namespace, model_path: str) -> None:
+    """The engine's own checks, run here so bad flags fail in one line before any process starts."""
+    from k3serve.core.config import ModelConfig
+    from k3serve.engine.config import EngineConfig, check_device
 
+    try:
+        EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                     max_model_len=args.max_model_len)
+        if args.device != "cpu":  # importing torch costs a second or two; cpu is always there
+            check_device(args.device)
+    except ValueError as e:
+        name, _, why = str(e).partition(": ")
+        raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name, '')}: {why}") from None
+    limit = ModelConfig.from_file(model_path).text.max_position_embeddings
+    if args.max_model_len is not None and args.max_model_len > limit:
+        raise ValueError(f"--max-model-len {args.max_model_len}: longer than the model's "
+                         f"max_position_embeddings ({limit})")
+
+
+def run(args: argparse.Namespace) -> int:
     from k3serve.server.app import build_app
 
     if args.replicas != 1:
@@ -117,10 +153,69 @@ def run(args: argparse.Namespace) -> int:
     config = server_config(args)
     # the server's own warnings (e.g. chat disabled for a small vocabulary) with their level, like the engine's
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    print(f"k3serve: serving {config.names[0]} ({config.model}) on http://{args.host}:{args.port}", flush=True)
-    uvicorn.run(build_app(config), host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
-    return 0
+    sock = bind_socket(args.host, args.port)
+    app = build_app(config)
+    stopped: list[int] = []
+    try:
+        with sock:
+            asyncio.run(_serve(app, args, sock, stopped))
+    except asyncio.CancelledError:  # a stop signal while the engine was starting
+        pass
+    return exit_code(stopped)
+
+
+def exit_code(stopped: list[int]) -> int:
+    """0 after a requested stop (SIGTERM, SIGHUP), 130 after Ctrl-C, as a shell expects."""
+    return 130 if signal.SIGINT in stopped else 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening address, taken before the engine loads, so a busy port fails in one line at once."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+async def _serve(app, args: argparse.Namespace, sock: socket.socket, stopped: list[int]) -> None:
+    """Start the engine (its failure is one line), say so, then serve HTTP until a stop signal. Any
+    exit stops the engine process; SIGTERM, SIGINT and SIGHUP are all graceful."""
+    import uvicorn
+
+    from k3serve.core.process import on_stop_signals
+    from k3serve.server.app import start_state
+    from k3serve.server.engine_client import EngineDead
+
+    state = app.state.k3
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    server: uvicorn.Server | None = None
+
+    def on_signal(signum: int) -> None:
+        stopped.append(signum)
+        if server is not None:
+            server.handle_exit(signum, None)  # uvicorn's graceful shutdown (it handles only SIGINT/SIGTERM)
+        else:
+            loop.call_soon_threadsafe(task.cancel)
+
+    with on_stop_signals(on_signal):
+        try:
+            try:
+                await start_state(state)
+            except EngineDead as e:
+                raise ValueError(str(e)) from None
+            config = state.config
+            print(f"k3serve: serving {config.names[0]} ({config.model}) on http://{args.host}:{args.port}",
+                  flush=True)
+            server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False,
+                                                  timeout_graceful_shutdown=5))
+            await server.serve(sockets=[sock])
+        finally:
+            if state.client is not None:
+                await state.client.shutdown()
 
 
 def _run_replicas(args: argparse.Namespace) -> int:

@@ -1,8 +1,9 @@
 """``k3serve serve --replicas N``: N local replicas (each ``k3serve serve`` = HTTP server + engine
 process, on a free port of 127.0.0.1, publishing KV events) behind the KV-aware router.
 
-The replicas are child processes of this one; they are stopped (SIGINT, then SIGKILL) when the router
-exits, however it exits.
+The replicas are child processes of this one; they are stopped (SIGTERM, then SIGKILL after 15 s) when
+the router exits, however it exits: on SIGTERM, SIGINT or SIGHUP this process stops its replicas first,
+and if it is SIGKILLed they get SIGTERM from the kernel (core/process.py), and stop their engines.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 
 import httpx
 
+from k3serve.core.process import Stopped, child_env, on_stop_signals
 from k3serve.router.proxy import RouterConfig, serve
 
 
@@ -28,7 +30,7 @@ def free_port() -> int:
 def start_replica(serve_argv: list[str], port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "k3serve", "serve", *serve_argv, "--host", "127.0.0.1", "--port", str(port),
            "--kv-events"]
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=child_env())  # from the main thread
 
 
 def wait_healthy(procs: list[subprocess.Popen], urls: list[str], timeout_s: float) -> None:
@@ -49,7 +51,7 @@ def wait_healthy(procs: list[subprocess.Popen], urls: list[str], timeout_s: floa
 def stop_replicas(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown also stops its engine process
+            p.send_signal(signal.SIGTERM)  # graceful: the replica also stops its engine process
     deadline = time.monotonic() + 15
     for p in procs:
         try:
@@ -61,19 +63,26 @@ def stop_replicas(procs: list[subprocess.Popen]) -> None:
 
 def serve_replicas(serve_argv: list[str], replicas: int, config: RouterConfig | None, host: str, port: int,
                    log_level: str = "warning", startup_timeout_s: float = 600.0) -> int:
-    """Start the replicas, wait until all are healthy, then run the router until it is stopped."""
+    """Start the replicas, wait until all are healthy, then run the router until it is stopped
+    (exit code 0 after SIGTERM/SIGHUP, 130 after SIGINT)."""
     ports = [free_port() for _ in range(replicas)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     procs: list[subprocess.Popen] = []
-    try:
-        procs = [start_replica(serve_argv, p) for p in ports]
-        wait_healthy(procs, urls, startup_timeout_s)
-        config = RouterConfig(replicas=tuple(urls)) if config is None else config
-        print(f"k3serve: {replicas} replicas ({', '.join(urls)}) behind a {config.policy} router on "
-              f"http://{host}:{port}", flush=True)
-        serve(config, host, port, log_level)
-    except RuntimeError as e:
-        raise ValueError(str(e)) from None
-    finally:
-        stop_replicas(procs)
+    # a stop signal raises Stopped wherever we are (starting, waiting, or after uvicorn's graceful
+    # shutdown, which re-raises the signal it caught), so the finally below always runs
+    with on_stop_signals():
+        try:
+            procs = [start_replica(serve_argv, p) for p in ports]
+            wait_healthy(procs, urls, startup_timeout_s)
+            config = RouterConfig(replicas=tuple(urls)) if config is None else config
+            print(f"k3serve: {replicas} replicas ({', '.join(urls)}) behind a {config.policy} router on "
+                  f"http://{host}:{port}", flush=True)
+            serve(config, host, port, log_level)
+        except RuntimeError as e:
+            raise ValueError(str(e)) from None
+        except Stopped as e:
+            return 130 if e.signum == signal.SIGINT else 0
+        finally:
+            with on_stop_signals(lambda _s: None):  # a second signal must not cut the clean-up short
+                stop_replicas(procs)
     return 0

@@ -307,6 +307,12 @@ def build_app(config: RouterConfig) -> FastAPI:
 def serve(config: RouterConfig, host: str, port: int, log_level: str = "warning") -> None:
     import uvicorn
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(build_app(config), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    from k3serve.core.process import graceful_sighup
+
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = uvicorn.Server(uvicorn.Config(build_app(config), host=host, port=port, log_level=log_level,
+                                           timeout_graceful_shutdown=5))
+    with graceful_sighup(server.handle_exit):
+        server.run()
 

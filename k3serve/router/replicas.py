@@ -140,7 +140,7 @@ class ReplicaSet:
         if rep.epoch != epoch:
             raise ValueError("removed while being admitted")
         rep.healthy, rep.down_reason = True, None
-        log.warning("replica %d (%s) admitted", rep.id, rep.url)
+        log.info("replica %d (%s) admitted", rep.id, rep.url)  # routine (also after a restart); removal warns
 
     def _drop(self, rep: Replica, reason: str) -> None:
         if rep.healthy:

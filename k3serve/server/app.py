@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from k3serve.server.access_log import AccessLog
 from k3serve.server.anthropic import CountTokensRequest, MessagesRequest, messages_response, messages_stream
 from k3serve.server.chat import chat_format_for
 from k3serve.server.chat_request import prepare_chat
@@ -89,7 +90,8 @@ def build_app(config: ServerConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         try:
-            await start_state(state)
+            if state.client is None:  # `k3serve serve` starts the engine before the HTTP server
+                await start_state(state)
             yield
         finally:
             if state.client is not None:
@@ -101,6 +103,8 @@ def build_app(config: ServerConfig) -> FastAPI:
     install_handlers(app)
 
     app.add_middleware(_AuthAndErrors, state=state)
+    if config.access_log:
+        app.add_middleware(AccessLog)  # added last: outermost, so refused (401) requests are logged too
 
     def model_name(name: str | None) -> str:
         state.check_model(name)

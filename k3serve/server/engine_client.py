@@ -20,6 +20,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from k3serve.core.process import child_env
 from k3serve.server.engine_core import CoreSpec
 from k3serve.server.messages import (
     AbortRequest,
@@ -63,6 +64,7 @@ class EngineClient:
         self.last_heard = 0.0
         self._aborts: list[str] = []
         self._abort_wake = asyncio.Event()
+        self._closed = False
 
     # lifecycle ----------------------------------------------------------------------------------
 
@@ -71,8 +73,10 @@ class EngineClient:
         self._push.bind(in_addr)
         self._pull.bind(out_addr)
         spec = CoreSpec(input_addr=in_addr, output_addr=out_addr, **self._spec_kwargs)
+        # started from the event loop's thread: the engine gets SIGTERM if this process dies (core/process.py)
         self._proc = subprocess.Popen([sys.executable, "-m", "k3serve.server.engine_core",
-                                       msgspec.json.encode(spec).decode()], stdin=subprocess.DEVNULL)
+                                       msgspec.json.encode(spec).decode()], stdin=subprocess.DEVNULL,
+                                      env=child_env())
         deadline = time.monotonic() + self.startup_timeout_s
         while self.ready is None:
             if self._proc.poll() is not None:
@@ -90,8 +94,14 @@ class EngineClient:
         return self.ready
 
     async def shutdown(self) -> None:
+        """Stop the engine process (idempotent). One still loading cannot read Shutdown: it gets SIGTERM."""
+        if self._closed:
+            return
+        self._closed = True
         for t in self._tasks:
             t.cancel()
+        if self._proc is not None and self._proc.poll() is None and self.ready is None:
+            self._proc.terminate()
         if self._proc is not None and self._proc.poll() is None:
             # never block here: a PUSH socket whose peer is already gone would wait forever
             with contextlib.suppress(zmq.ZMQError):

@@ -17,6 +17,7 @@ import time
 import msgspec
 import zmq
 
+from k3serve.core.process import die_with_parent
 from k3serve.server.messages import (
     AbortRequest,
     AddRequest,
@@ -30,8 +31,10 @@ from k3serve.server.messages import (
     encode,
     to_engine_decoder,
 )
+from k3serve.server.stats_log import StatsLogger
 
 log = logging.getLogger("k3serve.engine")
+stats_log = logging.getLogger("k3serve.stats")
 HEARTBEAT_S = 1.0
 
 
@@ -48,6 +51,7 @@ class CoreSpec(msgspec.Struct, frozen=True):
     device: str = "cpu"
     seed: int = 0
     kv_events_host: str | None = None  # publish KV cache events (engine/kv_events.py) on this host; None: off
+    log_stats_interval: float = 10.0  # seconds between engine stats lines (server/stats_log.py); 0: none
 
 
 _PIXEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -172,6 +176,7 @@ def serve(spec: CoreSpec) -> int:
     push.send(encode(core.ready()))
     engine = core.engine
     last_beat = 0.0
+    stats_logger = StatsLogger(spec.log_stats_interval, _stats(engine), time.monotonic())
     try:
         while True:
             busy = engine.has_unfinished_requests()
@@ -192,7 +197,10 @@ def serve(spec: CoreSpec) -> int:
                 core.kv_events.pump()
             now = time.monotonic()
             if outputs or now - last_beat >= HEARTBEAT_S:
-                push.send(encode(Outputs(outputs, _stats(engine))))
+                stats = _stats(engine)
+                push.send(encode(Outputs(outputs, stats)))
+                if (line := stats_logger.update(stats, now)) is not None:
+                    stats_log.info(line)
                 last_beat = now
                 if os.getppid() != parent:  # the server is gone: do not linger as an orphan
                     return 0
@@ -215,7 +223,9 @@ def _poll(pull, kv_events, timeout_ms: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    die_with_parent()  # first: a server killed while we load must not leave us behind
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s engine-core: %(message)s")
+    stats_log.setLevel(logging.INFO)
     if len(argv) != 1:
         print("usage: python -m k3serve.server.engine_core '<CoreSpec JSON>'", file=sys.stderr)
         return 2

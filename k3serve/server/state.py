@@ -24,6 +24,7 @@ class ServerConfig:
     media: MediaLimits = field(default_factory=MediaLimits)
     engine: dict[str, Any] = field(default_factory=dict)  # CoreSpec fields except the model and addresses
     startup_timeout_s: float = 300.0
+    access_log: bool = True  # one line per request (server/access_log.py)
 
     def __post_init__(self) -> None:
         if self.api_contract not in (None, *CONTRACTS):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 from types import SimpleNamespace
 
 import httpx
@@ -73,7 +74,9 @@ def view(router: Router) -> set[int]:
     return set(router.index._replica_blocks.get(0, ()))
 
 
-def test_admit_follow_gap_resync_and_readmit():
+def test_admit_follow_gap_resync_and_readmit(caplog):
+    caplog.set_level(logging.DEBUG, logger="k3serve")
+
     async def main() -> None:
         fake = FakeReplica()
         fake.store(1, 2, 3)  # cached before the router ever connects
@@ -112,6 +115,10 @@ def test_admit_follow_gap_resync_and_readmit():
             fake.pub.close()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+    # routine (re-)admission is INFO, not a warning; losing a replica is
+    levels = {r.getMessage().split(": ")[0].split(") ")[-1]: r.levelno for r in caplog.records
+              if r.getMessage().startswith("replica 0 ")}
+    assert levels == {"admitted": logging.INFO, "removed": logging.WARNING}, levels
 
 
 def test_replica_argv_keeps_only_changed_flags():
