@@ -40,8 +40,13 @@ def test_printed_k3serve_command_is_accepted_by_serve(capsys, monkeypatch, argv,
     out, text = plan(capsys, *argv)
     args = serve_args(out["commands"]["k3serve"])
     # serve's own flag checks, short of resolving the model (an HF id here) and starting anything
-    monkeypatch.setattr("k3serve.models.registry.resolve_model_path", lambda name: name)
-    monkeypatch.setattr(serve_cli, "resolve_model_path", lambda name: name, raising=False)
+    # (the model's packaged config stands in for its download; the planned GPU for this machine's)
+    from k3serve.models.registry import packaged_config
+
+    config_of = {"moonshotai/Kimi-K3": "kimi-k3", "k3-default": "k3-default"}
+    monkeypatch.setattr("k3serve.models.registry.resolve_model_path",
+                        lambda name, **kw: packaged_config(config_of[name]))
+    monkeypatch.setattr("k3serve.engine.config.check_device", lambda device: None)
     config = serve_cli.server_config(args)
     assert config.engine["device"] == "cuda" and config.engine["max_num_seqs"] == out["concurrency"]
     assert config.engine["max_model_len"] == out["context_length"]
