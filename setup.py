@@ -15,11 +15,14 @@ ext_modules = [
         cxx_std=17,
         extra_compile_args=["-O3"],
     ),
-    # fused fp32 CPU decode kernels (k3serve/ops/cpu/native/): MLA over the paged cache, the KDA step
+    # fused fp32 CPU decode kernels, one module for all: each kernel beside its op (k3serve/ops/<op>/native/),
+    # the shared SIMD helpers and the pybind module in k3serve/ops/native/; MLA over the paged cache, the KDA step
     Pybind11Extension(
-        "k3serve.ops.cpu._kernels",
-        ["k3serve/ops/cpu/native/module.cpp"],
-        depends=[f"k3serve/ops/cpu/native/{h}.h" for h in ("kda_decode", "mla_decode", "simd")],
+        "k3serve.ops.native._kernels",
+        ["k3serve/ops/native/module.cpp"],
+        include_dirs=["k3serve/ops"],
+        depends=["k3serve/ops/native/simd.h", "k3serve/ops/kda/native/kda_decode.h",
+                 "k3serve/ops/mla/native/mla_decode.h"],
         cxx_std=17,
         extra_compile_args=["-O3", "-Wno-psabi"],  # psabi: notes on vector types, which never cross an ABI boundary
     ),

@@ -1,5 +1,6 @@
 """Training forms of the model's small fp32 element-wise ops, with hand-written backwards; each registered as
-backend "train" of its op (same arguments and results as the "torch" forms in ``layers/``, which stay the spec).
+backend "train" of its op (same arguments and results as the "torch" forms in ``k3serve/ops/norm``,
+``ops/attn_res`` and ``ops/activation``, whose ``naive.py`` forms are the spec).
 
 Ops and shapes (any leading dims ``...``; the reductions run over the last dim d):
   rms_norm(x [..., d], w [d], eps)            y = w ⊙ x r,  r = (mean(x²) + eps)^-1/2

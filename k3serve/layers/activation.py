@@ -1,9 +1,5 @@
-"""Gated activations of the MLPs and experts, computed in fp32 and cast back.
-
-``silu_and_mul(gate, up) = silu(gate) · up``.
-``situ_and_mul(gate, up) = β·tanh(gate/β)·sigmoid(gate) · u'`` with ``u' = β_lin·tanh(up/β_lin)`` when β_lin is
-set (else ``u' = up``): SiTU is a SiLU soft-capped at β, used by K3 (β = 4, β_lin = 25).
-"""
+"""The gated activation a config names (``hidden_act``), as the ``(gate, up) -> act`` function the MLPs and
+experts call; the math is in ``ops/activation/``."""
 
 from __future__ import annotations
 
@@ -12,21 +8,7 @@ from functools import partial
 import torch
 
 from k3serve.ops import registry
-
-
-def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    g, u = gate.float(), up.float()
-    return (torch.nn.functional.silu(g) * u).to(gate.dtype)
-
-
-@registry.register("situ_and_mul", "torch")
-def situ_and_mul(gate: torch.Tensor, up: torch.Tensor, beta: float = 1.0,
-                 linear_beta: float | None = None) -> torch.Tensor:
-    g, u = gate.float(), up.float()
-    a = beta * torch.tanh(g / beta) * torch.sigmoid(g)
-    if linear_beta is not None:
-        u = linear_beta * torch.tanh(u / linear_beta)
-    return (a * u).to(gate.dtype)
+from k3serve.ops.activation import silu_and_mul
 
 
 def _situ_active(gate: torch.Tensor, up: torch.Tensor, beta: float, linear_beta: float | None) -> torch.Tensor:

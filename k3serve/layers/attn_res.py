@@ -1,30 +1,13 @@
-"""Block Attention Residuals (K3): depth-wise softmax mixing over completed blocks and the running partial sum.
+"""Block Attention Residuals (K3): the learned vectors of one mix and the per-token state along depth.
 
-Sources ``V = [b_0 (embedding), b_1, …, b_n, partial]``, each ``[N, d]``; with a learned pseudo-query
-``w = norm.weight ⊙ proj.weight`` ``[d]`` (the norm weight folded into the query):
-  k_i = V_i / sqrt(mean(V_i²) + eps);  p = softmax_i(k_i · w);  mix = Σ_i p_i V_i
-all in fp32, cast back to the sources' dtype. Sources themselves are never normalised.
+The mix itself (softmax over completed blocks and the running partial sum) is the registry's "attn_res_mix"
+op (``ops/attn_res/``); the decoder and the model call it with these weights and this state.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-from k3serve.ops import registry
-
-
-@registry.register("attn_res_mix", "torch")
-def attn_res_mix(blocks: list[torch.Tensor], partial: torch.Tensor, proj_weight: torch.Tensor,
-                 norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Mix ``blocks + [partial]`` (each ``[N, d]``) with the query ``proj_weight [1, d] ⊙ norm_weight [d]``."""
-    if not blocks:
-        return partial
-    v = torch.stack([*blocks, partial]).float()  # [S, N, d]
-    k = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
-    query = norm_weight.float() * proj_weight.float().reshape(-1)
-    p = torch.softmax((k * query).sum(-1), dim=0)  # [S, N]
-    return (p.unsqueeze(-1) * v).sum(0).to(partial.dtype)
 
 
 class AttnResWeights(nn.Module):

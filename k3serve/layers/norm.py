@@ -1,8 +1,6 @@
-"""RMSNorm in the Kimi convention, and the gated RMSNorm of the KDA output.
+"""The norm modules: ``KimiRMSNorm`` (the decoder's RMSNorm) and ``GatedRMSNorm`` (the KDA output norm).
 
-``KimiRMSNorm``: normalise in fp32, cast back to the input dtype, *then* multiply by the weight (the order
-matters for bf16 bit-parity with the reference). ``GatedRMSNorm``: per head over its K channels,
-``RMSNorm(o)·w · sigmoid(z)`` entirely in fp32, cast at the end.
+They hold the weights; the math is the registry's "rms_norm" and "gated_rms_norm" ops (``ops/norm/``).
 """
 
 from __future__ import annotations
@@ -11,22 +9,6 @@ import torch
 from torch import nn
 
 from k3serve.ops import registry
-
-
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x²) + eps)`` over the last dim, in fp32."""
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-
-
-@registry.register("rms_norm", "torch")
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * rms_normalize(x, eps).to(x.dtype)
-
-
-@registry.register("gated_rms_norm", "torch")
-def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return (rms_normalize(x, eps) * weight.float() * torch.sigmoid(z.float())).to(x.dtype)
 
 
 class KimiRMSNorm(nn.Module):

@@ -1,8 +1,9 @@
 """A small registry of op backends.
 
-Layers never import a kernel directly: they ask the registry for ``(op, backend)``. The torch reference
-forms are registered under ``"torch"``; GPU kernels (for example flash-linear-attention's) register under
-their own name later without touching the layers.
+Layers never import a kernel directly: they ask the registry for ``(op, backend)``. Backends are named by the
+rule in ``ops/__init__.py``: ``"naive"`` (the spec), ``"torch"`` (the default), ``"cpu"`` (native), ``"train"``
+(the trainer's); GPU kernels (for example flash-linear-attention's) register under their own name later
+without touching the layers.
 
     @register("kda_chunk", "torch")
     def chunk_kda(...): ...

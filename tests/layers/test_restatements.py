@@ -13,14 +13,14 @@ import torch
 
 from k3serve.core.config import ModelConfig
 from k3serve.core.context import ForwardContext, forward_context
-from k3serve.layers.activation import situ_and_mul
-from k3serve.layers.attn_res import attn_res_mix
 from k3serve.layers.kda import kda_gate
 from k3serve.layers.moe import select_experts
 from k3serve.models.cache import allocate_caches, cache_spec
 from k3serve.models.kimi import build_model
 from k3serve.models.registry import packaged_config
 from k3serve.models.writer import init_random_
+from k3serve.ops.activation import situ_and_mul
+from k3serve.ops.attn_res import attn_res_mix
 from k3serve.ops.mla import naive_mla_attention
 from k3serve.ops.mx import mxfp4_dequantize
 

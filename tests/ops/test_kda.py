@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from k3serve.ops import registry
-from k3serve.ops.kda import chunk_kda, intra, kda_decode, naive_recurrent_kda
+from k3serve.ops.kda import chunk_kda, intra, kda_decode, naive_kda_decode, naive_recurrent_kda
 from k3serve.ops.kda.chunk import auto_chunk_size
 
 TOL = 1e-5
@@ -216,6 +216,24 @@ def test_bad_inputs_raise_value_error() -> None:
 
 
 def test_registered_backends() -> None:
-    assert registry.get("kda_recurrent", "torch") is naive_recurrent_kda
+    assert registry.get("kda_chunk", "naive") is naive_recurrent_kda
     assert registry.get("kda_chunk", "torch") is chunk_kda
     assert registry.get("kda_decode", "torch") is kda_decode
+    assert registry.get("kda_decode", "naive") is naive_kda_decode
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_naive_decode_is_one_token_of_the_recurrence(in_place: bool) -> None:
+    N, H, K, V = 3, 2, 8, 5
+    q, k, v, g, beta = make_inputs(N, 1, H, K, V, "k3", seed=11)
+    h0 = torch.randn(N, H, K, V)
+    o_ref, s_ref = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, scale=0.3)
+    state = h0.clone()
+    o, new = naive_kda_decode(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state, scale=0.3,
+                              out_state=state if in_place else None)
+    assert (new is state) == in_place
+    torch.testing.assert_close(o, o_ref[:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(new, s_ref, rtol=0, atol=0)
+    o_t, s_t = kda_decode(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], h0, scale=0.3)
+    assert_close("torch decode o", o_t, o)
+    assert_close("torch decode state", s_t, new)

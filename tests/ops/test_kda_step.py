@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from k3serve.ops import cpu, registry
+from k3serve.ops import native, registry
 from k3serve.ops.kda import kda_decode_step, kda_decode_step_cpu, kda_gate, l2_normalize, naive_recurrent_kda
 from k3serve.ops.kda import cpu as kda_cpu
 from k3serve.ops.short_conv import naive_causal_conv1d
 
-needs_native = pytest.mark.skipif(not cpu.available(), reason="native CPU kernels not built")
+needs_native = pytest.mark.skipif(not native.available(), reason="native CPU kernels not built")
 
 
 def make(N: int, H: int, K: int, V: int, W: int, seed: int):
@@ -41,7 +41,7 @@ def naive_step(qkv, conv_w, conv_state, f, dt_bias, a_log, b, state, lower_bound
     return o[:, 0], new_conv, new_state
 
 
-@pytest.mark.parametrize("impl", ["torch", pytest.param("cpu", marks=needs_native)])
+@pytest.mark.parametrize("impl", ["torch", "naive", pytest.param("cpu", marks=needs_native)])
 @pytest.mark.parametrize("N,H,K,V,W", [(5, 3, 5, 7, 4), (4, 2, 24, 16, 2), (3, 4, 32, 32, 4), (1, 1, 8, 9, 3)])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_steps_match_naive(impl, N, H, K, V, W, lower_bound) -> None:
@@ -94,4 +94,4 @@ def test_cpu_falls_back(monkeypatch) -> None:
 def test_registered_and_active() -> None:
     assert registry.get("kda_decode_step", "torch") is kda_decode_step
     assert registry.get("kda_decode_step", "cpu") is kda_decode_step_cpu
-    assert registry.active("kda_decode_step") == ("cpu" if cpu.available() else "torch")
+    assert registry.active("kda_decode_step") == ("cpu" if native.available() else "torch")

@@ -8,7 +8,7 @@ import torch
 from k3serve.ops import registry
 from k3serve.ops.mla import packed, paged
 from k3serve.ops.mla import (gather_latents, mla_decode_absorbed, mla_prefill, mla_prefill_bucketed, mla_prefill_loop,
-                             naive_mla_attention, write_latents)
+                             naive_mla_attention, naive_mla_decode, naive_mla_prefill_packed, write_latents)
 
 H, DN, R, DV, C, BS = 3, 8, 4, 6, 16, 4
 DIMS = dict(nope_dim=DN, v_dim=DV, scale=(DN + R) ** -0.5)
@@ -97,6 +97,36 @@ def test_registered_backends() -> None:
     assert registry.get("mla_prefill", "torch") is mla_prefill
     assert registry.get("mla_prefill_packed", "torch") is mla_prefill_loop
     assert registry.get("mla_prefill_packed", "bucketed") is mla_prefill_bucketed
+    assert registry.get("mla_prefill", "naive") is naive_mla_attention
+    assert registry.get("mla_prefill_packed", "naive") is naive_mla_prefill_packed
+    assert registry.get("mla_decode", "naive") is naive_mla_decode
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_naive_decode_reads_the_paged_cache(dtype) -> None:
+    """The naive paged decode (position by position from block and offset) against the naive attention over
+    each sequence's own latents, and the torch decode against it."""
+    g = torch.Generator().manual_seed(7)
+    lengths = [1, 6, 13]
+    cache, tables, lats = _paged(lengths, g, dtype)
+    kv_b = torch.randn(H * (DN + DV), C, generator=g) * 0.3
+    q = torch.randn(len(lengths), H, DN + R, generator=g)
+    got = naive_mla_decode(q, cache, tables, torch.tensor(lengths), kv_b, **DIMS)
+    for i, lat in enumerate(lats):
+        torch.testing.assert_close(got[i:i + 1], naive_mla_attention(q[i:i + 1], lat, kv_b, **DIMS), rtol=0, atol=0)
+    torch.testing.assert_close(mla_decode_absorbed(q, cache, tables, torch.tensor(lengths), kv_b, **DIMS), got,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_naive_packed_prefill_is_per_sequence() -> None:
+    g = torch.Generator().manual_seed(8)
+    lens = [3, 1, 7]
+    cu = torch.tensor([0, 3, 4, 11])
+    q, lat = torch.randn(11, H, DN + R, generator=g), torch.randn(11, C + R, generator=g)
+    kv_b = torch.randn(H * (DN + DV), C, generator=g) * 0.3
+    got = naive_mla_prefill_packed(q, lat, cu, kv_b, **DIMS)
+    assert got.shape == (sum(lens), H, DV)
+    torch.testing.assert_close(mla_prefill_loop(q, lat, cu, kv_b, **DIMS), got, rtol=1e-5, atol=1e-5)
 
 
 def test_buckets_bound_padding() -> None:

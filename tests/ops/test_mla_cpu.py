@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from k3serve.ops import cpu, registry
+from k3serve.ops import native, registry
 from k3serve.ops.mla import cpu as mla_cpu
 from k3serve.ops.mla import mla_decode_absorbed, mla_decode_cpu, naive_mla_attention, write_latents
 
-pytestmark = pytest.mark.skipif(not cpu.available(), reason="native CPU kernels not built")
+pytestmark = pytest.mark.skipif(not native.available(), reason="native CPU kernels not built")
 
 
 def _paged(lengths: list[int], bs: int, width: int, g: torch.Generator):
@@ -60,7 +60,7 @@ def test_rows_of_a_batch_are_independent() -> None:
     def run(rows: slice) -> torch.Tensor:
         t, n = tables[rows].contiguous(), lens[rows].contiguous()
         out = torch.empty(t.shape[0], 2, 16)
-        cpu.kernels.mla_decode(q[rows].contiguous().data_ptr(), cache.data_ptr(), t.data_ptr(), n.data_ptr(),
+        native.kernels.mla_decode(q[rows].contiguous().data_ptr(), cache.data_ptr(), t.data_ptr(), n.data_ptr(),
                                out.data_ptr(), t.shape[0], 2, 24, 16, cache.shape[0], 8, t.shape[1])
         return out
 

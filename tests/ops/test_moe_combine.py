@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from k3serve.layers.activation import situ_and_mul, silu_and_mul
+from k3serve.ops.activation import silu_and_mul, situ_and_mul
 from k3serve.ops import registry
 from k3serve.ops.moe import (dense_expert_combine, expert_combine, grouped_expert_combine, mxfp4_expert_combine,
                              naive_expert_combine, naive_mxfp4_expert_combine, segmented_expert_combine)

@@ -297,6 +297,17 @@ def test_mxfp4_linear_equals_dequant_matmul(monkeypatch, x_dtype, act_quant):
     if act_quant is not None:
         assert not torch.equal(y, mxfp4_linear(x, packed, scale))
     assert registry.get("mxfp4_linear", "torch") is mxfp4_linear
+    assert registry.get("mxfp4_linear", "naive") is naive.mxfp4_linear
+
+
+@pytest.mark.parametrize("act_quant", [None, "rceil"])
+def test_mxfp4_linear_matches_naive(act_quant):
+    g = torch.Generator().manual_seed(3)
+    packed, scale = mxfp4_quantize(torch.randn(5, 64, generator=g) * 0.1)
+    x = torch.randn(3, 64, generator=g)
+    want = naive.mxfp4_linear(x, packed, scale, act_quant=act_quant)
+    assert want.shape == (3, 5) and want.dtype == torch.float32
+    torch.testing.assert_close(mxfp4_linear(x, packed, scale, act_quant=act_quant), want, rtol=1e-5, atol=1e-6)
 
 
 def test_bad_input_raises_value_error():

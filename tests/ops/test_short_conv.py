@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from k3serve.ops import registry
-from k3serve.ops.short_conv import causal_conv1d, causal_conv1d_update, naive_causal_conv1d
+from k3serve.ops.short_conv import causal_conv1d, causal_conv1d_update, naive_causal_conv1d, naive_causal_conv1d_update
 
 C, W = 12, 4
 LENS = [0, 1, 2, 3, 5, 17, 64]
@@ -121,3 +121,19 @@ def test_registered_backends() -> None:
     assert registry.get("short_conv", "torch") is causal_conv1d
     assert registry.get("short_conv_update", "torch") is causal_conv1d_update
     assert registry.get("short_conv", "naive") is naive_causal_conv1d
+    assert registry.get("short_conv_update", "naive") is naive_causal_conv1d_update
+
+
+@pytest.mark.parametrize("activation", ["silu", None])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_update_matches_naive(activation: str | None, in_place: bool) -> None:
+    gen = torch.Generator().manual_seed(5)
+    x, weight = torch.randn(5, C, generator=gen), torch.randn(C, W, generator=gen)
+    state0 = torch.randn(5, C, W - 1, generator=gen)
+    want_state = state0.clone()
+    y_ref, s_ref = naive_causal_conv1d_update(x, weight, want_state, activation=activation,
+                                              out_state=want_state if in_place else None)
+    assert (s_ref is want_state) == in_place
+    y, s = causal_conv1d_update(x, weight, state0.clone(), activation=activation)
+    assert_close("y", y, y_ref)
+    assert_close("state", s, s_ref, tol=0)

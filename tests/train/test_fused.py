@@ -1,11 +1,9 @@
-"""The training forms of ``training/fused.py`` against the layers' torch forms: values and gradients, odd shapes."""
+"""The training forms of ``training/fused.py`` against the ops' torch forms: values and gradients, odd shapes."""
 
 import pytest
 import torch
 
-import k3serve.layers.activation  # noqa: F401  (registers the torch forms)
-import k3serve.layers.attn_res  # noqa: F401
-import k3serve.layers.norm  # noqa: F401
+import k3serve.ops  # noqa: F401  (registers the torch forms)
 import training.fused  # noqa: F401
 from k3serve.ops import registry
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from k3serve.ops import cpu
+from k3serve.ops import native
 from k3serve.ops.kda.step import L2_EPS, kda_decode_step
 from k3serve.ops.kda.validate import default_scale
 
@@ -26,10 +26,10 @@ def kda_decode_step_cpu(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state
                         l2_eps: float = L2_EPS) -> torch.Tensor:
     N, H, K = f.shape
     tensors = (qkv, conv_weight, conv_state, f, dt_bias, a_log, b, state)
-    native = cpu.kernels_or_none(*tensors)
+    kernels = native.kernels_or_none(*tensors)
     channels = qkv.shape[-1] if qkv.dim() == 2 else -1
     V = (channels - 2 * H * K) // H if H else 0
-    if (native is None or not cpu.fits(*tensors) or V <= 0 or channels != 2 * H * K + H * V
+    if (kernels is None or not native.fits(*tensors) or V <= 0 or channels != 2 * H * K + H * V
             or K > 256 or V > 256 or not _rows_ok(qkv, 2) or not _rows_ok(f, 3) or not _rows_ok(b, 2)
             or conv_weight.dim() != 2 or conv_weight.shape[0] != channels or not conv_weight.is_contiguous()
             or tuple(conv_state.shape) != (N, channels, conv_weight.shape[1] - 1) or not conv_state.is_contiguous()
@@ -40,9 +40,9 @@ def kda_decode_step_cpu(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state
                                scale=scale, l2_eps=l2_eps)
     out = torch.empty(N, H, V, dtype=torch.float32)
     if N:
-        native.kda_decode(qkv.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(), f.data_ptr(),
-                          dt_bias.data_ptr(), a_log.data_ptr(), b.data_ptr(), state.data_ptr(), out.data_ptr(),
-                          N, H, K, V, conv_weight.shape[1], qkv.stride(0), f.stride(0), b.stride(0),
-                          default_scale(scale, K), l2_eps, lower_bound is not None,
-                          0.0 if lower_bound is None else float(lower_bound))
+        kernels.kda_decode(qkv.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(), f.data_ptr(),
+                           dt_bias.data_ptr(), a_log.data_ptr(), b.data_ptr(), state.data_ptr(), out.data_ptr(),
+                           N, H, K, V, conv_weight.shape[1], qkv.stride(0), f.stride(0), b.stride(0),
+                           default_scale(scale, K), l2_eps, lower_bound is not None,
+                           0.0 if lower_bound is None else float(lower_bound))
     return out

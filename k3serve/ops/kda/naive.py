@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from k3serve.ops.kda.validate import check_prefill, default_scale
+from k3serve.ops.short_conv.naive import naive_causal_conv1d_update
 
 
 def naive_recurrent_kda(
@@ -65,3 +66,45 @@ def _recur(
         delta = beta[:, t].float()[..., None] * (v_t - u)
         S.add_(k_t[..., None] * delta[..., None, :])
         o[:, t] = (S * (scale * q_t)[..., None]).sum(-2)
+
+
+def naive_kda_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    scale: float | None = None,
+    out_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of each of N sequences (q, k, g ``[N, H, K]``, v ``[N, H, V]``, beta ``[N, H]``, state
+    ``[N, H, K, V]``): the recurrence above with T = 1; the new state is written to ``out_state`` when given."""
+    o, new_state = naive_recurrent_kda(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], scale=scale,
+                                       initial_state=state)
+    if out_state is not None:
+        new_state = out_state.copy_(new_state)
+    return o[:, 0], new_state
+
+
+def naive_kda_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, f: torch.Tensor,
+                          dt_bias: torch.Tensor, a_log: torch.Tensor, b: torch.Tensor, state: torch.Tensor, *,
+                          lower_bound: float | None, scale: float | None = None, l2_eps: float = 1e-6) -> torch.Tensor:
+    """The whole decode step (``step.py``'s contract: conv and recurrent states updated in place, o fp32) from
+    the textbook pieces: the naive short conv + SiLU, q and k divided by sqrt(||·||² + l2_eps), the gate
+    g = -exp(a_log) softplus(f + dt_bias) (Kimi-Linear) or lower_bound sigmoid(exp(a_log) (f + dt_bias)) (K3),
+    beta = sigmoid(b), then one token of the recurrence."""
+    N, H, K = f.shape
+    y, _ = naive_causal_conv1d_update(qkv.float(), conv_weight, conv_state, out_state=conv_state)
+    q, k = (y[:, i * H * K:(i + 1) * H * K].reshape(N, H, K) for i in range(2))
+    q, k = (t / torch.sqrt((t * t).sum(-1, keepdim=True) + l2_eps) for t in (q, k))
+    x = f.float() + dt_bias.float().reshape(H, K)
+    rate = a_log.float().exp().reshape(H, 1)
+    if lower_bound is None:  # softplus as torch's: linear past 20
+        g = -rate * torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+    else:
+        g = lower_bound * torch.sigmoid(rate * x)
+    o, _ = naive_kda_decode(q, k, y[:, 2 * H * K:].reshape(N, H, -1), g, torch.sigmoid(b.float()), state,
+                            scale=scale, out_state=state)
+    return o.float()

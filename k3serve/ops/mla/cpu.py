@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from k3serve.ops import cpu
+from k3serve.ops import native
 from k3serve.ops.mla.paged import DecodeChunk, mla_decode_absorbed
 
 
 def mla_decode_cpu(q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                    kv_b: torch.Tensor, *, nope_dim: int, v_dim: int, scale: float,
                    workspace: torch.Tensor | None = None, plan: list[DecodeChunk] | None = None) -> torch.Tensor:
-    native = cpu.kernels_or_none(q, cache, kv_b)
-    if (native is None or not cpu.fits(q, cache, kv_b) or not cache.is_contiguous() or q.dim() != 3
+    kernels = native.kernels_or_none(q, cache, kv_b)
+    if (kernels is None or not native.fits(q, cache, kv_b) or not cache.is_contiguous() or q.dim() != 3
             or block_tables.dtype != torch.int64 or block_tables.device.type != "cpu" or block_tables.dim() != 2
             or block_tables.stride(-1) != 1 or block_tables.shape[0] != q.shape[0]
             or context_lens.numel() != q.shape[0]):
@@ -35,8 +35,8 @@ def mla_decode_cpu(q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Ten
     q_cat.mul_(scale)
     lens = context_lens.to(device="cpu", dtype=torch.int64).contiguous()
     o_lat = torch.empty(B, H, C, dtype=torch.float32)
-    native.mla_decode(q_cat.data_ptr(), cache.data_ptr(), block_tables.data_ptr(), lens.data_ptr(), o_lat.data_ptr(),
-                      B, H, width, C, num_blocks, bs, block_tables.stride(0))
+    kernels.mla_decode(q_cat.data_ptr(), cache.data_ptr(), block_tables.data_ptr(), lens.data_ptr(), o_lat.data_ptr(),
+                       B, H, width, C, num_blocks, bs, block_tables.stride(0))
     return torch.bmm(o_lat.transpose(0, 1), w[:, nope_dim:].transpose(1, 2)).transpose(0, 1)
 
 

@@ -1,9 +1,11 @@
 """OCP MX v1.0 number formats: MXFP4 weights (E2M1 + E8M0 per 32) and MXFP8 activations (E4M3 + E8M0 per 32).
 
 ``naive`` is the scalar spec reference; ``quant`` the vectorised quantise/dequantise; ``linear`` the
-``mxfp4_linear`` op (registered as backend "torch"); ``checkpoint`` the compressed-tensors key layout.
+``mxfp4_linear`` op; ``checkpoint`` the compressed-tensors key layout. Importing this package registers
+"mxfp4_linear" under "torch" (``linear``) and "naive" (``naive.mxfp4_linear``).
 """
 
+from k3serve.ops import registry
 from k3serve.ops.mx import naive
 from k3serve.ops.mx.checkpoint import k3_quantization_config, pack_weight, unpack_weight
 from k3serve.ops.mx.linear import mxfp4_linear
@@ -15,6 +17,9 @@ from k3serve.ops.mx.quant import (
     mxfp8_fake_quant,
     mxfp8_quantize,
 )
+
+registry.register("mxfp4_linear", "torch")(mxfp4_linear)
+registry.register("mxfp4_linear", "naive")(naive.mxfp4_linear)
 
 __all__ = [
     "k3_quantization_config",

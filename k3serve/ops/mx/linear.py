@@ -16,7 +16,6 @@ import torch
 
 from k3serve.ops.mx.naive import BLOCK, RULES
 from k3serve.ops.mx.quant import describe, fp4_dequant_rows, mxfp8_fake_quant
-from k3serve.ops.registry import register
 
 # Elements per dequantised slab: 512 K float32 = 2 MiB, about one core's L2; measured best on the dev box.
 _SLAB_ELEMENTS = 1 << 19
@@ -38,7 +37,6 @@ def _check(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, act_quant
         raise ValueError(f"act_quant must be None or one of {RULES}, got {act_quant!r}")
 
 
-@register("mxfp4_linear", "torch")
 def mxfp4_linear(
     x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, *, act_quant: str | None = None
 ) -> torch.Tensor:

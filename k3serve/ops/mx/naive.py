@@ -205,3 +205,13 @@ def mxfp8_quantize(x: torch.Tensor, rule: str = "rceil") -> tuple[torch.Tensor, 
 
 def mxfp8_dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return _dequantize(codes, scale, E4M3)
+
+
+def mxfp4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, *,
+                 act_quant: str | None = None) -> torch.Tensor:
+    """``x [..., K] @ W^T`` with W = MXFP4(packed [N, K/2], scale [N, K/32]) -> ``[..., N]`` in x's dtype, in
+    fp32: x MXFP8 round-tripped (rule ``act_quant``) first when given."""
+    xf = x.float()
+    if act_quant is not None:
+        xf = mxfp8_dequantize(*mxfp8_quantize(xf, act_quant))
+    return (xf @ mxfp4_dequantize(packed, scale).t()).to(x.dtype)

@@ -41,3 +41,20 @@ def naive_causal_conv1d(
             new_state[n, :, j] = window[j]
     out_dtype = conv_state.dtype if conv_state is not None else x.dtype
     return y.to(x.dtype), new_state.to(out_dtype)
+
+
+def naive_causal_conv1d_update(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    *,
+    activation: str | None = "silu",
+    out_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode token per sequence (x ``[N, C]``): the recurrence above over N one-token sequences; the new
+    state is written into ``out_state`` when given."""
+    cu = torch.arange(x.shape[0] + 1)
+    y, new_state = naive_causal_conv1d(x, weight, conv_state=conv_state, cu_seqlens=cu, activation=activation)
+    if out_state is not None:
+        new_state = out_state.copy_(new_state)
+    return y, new_state

@@ -16,7 +16,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "simd.h"
+#include "native/simd.h"
 
 namespace k3 {
 

@@ -1,4 +1,7 @@
-// k3serve.ops.cpu._kernels: fused fp32 CPU decode kernels (MLA over the paged latent cache, the KDA step).
+// k3serve.ops.native._kernels: fused fp32 CPU decode kernels (MLA over the paged latent cache, the KDA step).
+//
+// The one extension module of the ops: each kernel lives beside its op (ops/<op>/native/*.h, included from
+// the ops/ directory, which setup.py puts on the include path); the SIMD helpers they share are here.
 //
 // Tensors arrive as raw addresses with their sizes and row strides; the Python wrappers (ops/mla/cpu.py,
 // ops/kda/cpu.py) check dtype, device and layout first and fall back to the torch ops when these do not
@@ -10,8 +13,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "kda_decode.h"
-#include "mla_decode.h"
+#include "kda/native/kda_decode.h"
+#include "mla/native/mla_decode.h"
 
 namespace py = pybind11;
 

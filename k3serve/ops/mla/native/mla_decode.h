@@ -16,7 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "simd.h"
+#include "native/simd.h"
 
 namespace k3 {
 

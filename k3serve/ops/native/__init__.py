@@ -1,8 +1,10 @@
-"""Native fused CPU kernels (``_kernels``, built by setup.py from ``native/``): loader and common checks.
+"""Native fused CPU kernels: the loader of the one extension module ``_kernels`` and the checks every wrapper makes.
 
-The kernels take raw addresses, so every caller checks its tensors with ``fits`` first and falls back to the
-torch ops when they do not (no extension, CUDA, non-fp32, odd strides). The op wrappers live with their ops
-(``ops/mla/cpu.py``, ``ops/kda/cpu.py``) and register there as the ``"cpu"`` backend.
+setup.py builds ``_kernels`` from ``module.cpp`` here, which includes each kernel from beside its op
+(``ops/kda/native/``, ``ops/mla/native/``) and the SIMD helpers they share (``simd.h``). The kernels take raw
+addresses, so every caller checks its tensors with ``fits`` first and falls back to the torch ops when they do
+not (no extension, CUDA, non-fp32, odd strides). The op wrappers live with their ops (``ops/mla/cpu.py``,
+``ops/kda/cpu.py``) and register there as the ``"cpu"`` backend.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import torch
 
 try:
-    from k3serve.ops.cpu import _kernels as kernels
+    from k3serve.ops.native import _kernels as kernels
 except ImportError:  # not built (e.g. a source checkout without build_ext): the torch ops serve
     kernels = None
 
