@@ -163,7 +163,7 @@ def run_readme_command(command: str, stand_ins: dict[str, str]) -> None:
     elif sub == "route" and "simulate" not in argv:
         # the replica hosts stand for servers elsewhere; unreachable ones leave the router up, reporting them
         argv = [f"http://127.0.0.1:{free_port()}" if a.startswith("http://h") else a for a in argv]
-        _run_server(argv, env, probe="/v1/models")
+        _run_server(argv, env, probe="/router/replicas")
     elif sub == "bench":
         _bench(argv, env)
     elif sub in ("route", "generate", "tokenize", "params", "plan"):
