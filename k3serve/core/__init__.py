@@ -1,1 +1,1 @@
-"""Shared vocabulary used by every layer of k3serve: configs and deterministic hashing."""
+"""Shared vocabulary used by every layer of k3serve: configs, deterministic hashing, the HTTP error object."""
