@@ -273,21 +273,6 @@ def test_malformed_messages_raise_value_error_only(messages):
             K25.render(messages)
 
 
-@pytest.mark.parametrize("w,h,limit,n", [
-    (1024, 768, 65536, 1036), (1861, 7041, 65536, 16817),
-    (1024, 768, 16384, 1036), (2048, 1365, 16384, 3626), (17, 64, 16384, 3), (5000, 6000, 16384, 4189),
-])
-def test_vision_token_counts(w, h, limit, n):
-    from k3serve.server.chat.images import vision_tokens
-    assert vision_tokens(w, h, limit) == n
-
-
-def test_vision_tokens_rejects_bad_sizes():
-    from k3serve.server.chat.images import vision_tokens
-    with pytest.raises(ValueError):
-        vision_tokens(0, 10)
-
-
 @pytest.mark.parametrize("variant", ["k3", "k2"])
 def test_native_tokenizer_keeps_user_control_text_plain(variant):
     """Through the native tokenizer (the server's) and each family's renderer, K3 and K2 control strings in
