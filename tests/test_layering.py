@@ -29,7 +29,7 @@ TOP = 8
 
 
 def _package(module: str) -> str:
-    """`k3serve.server.chat.k3` -> `server`; `k3serve` itself (its __init__) -> `__init__`."""
+    """`k3serve.chat.parsers.k3` -> `chat`; `k3serve` itself (its __init__) -> `__init__`."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 

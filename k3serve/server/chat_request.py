@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from k3serve.chat import ChatOptions, Prompt
 from k3serve.models.vision_preprocess import K3_MEDIA_PROC, K25_MEDIA_PROC, num_image_tokens
-from k3serve.server.chat import ChatOptions, Prompt
 from k3serve.server.grammars import all_strict, check_grammar, json_grammar, strict_tools_grammar, tool_call_grammar
 from k3serve.server.media import engine_images, expand_media_spans, image_parts, load_images
 from k3serve.server.messages import ImageData, Sampling

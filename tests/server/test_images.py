@@ -15,8 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
+from k3serve.chat import K2_INSTRUCT, K3
 from k3serve.models.vision_preprocess import K3_MEDIA_PROC
-from k3serve.server.chat import K2_INSTRUCT, K3
 from k3serve.server.chat_request import prepare_chat
 from k3serve.server.engine_core import image_input
 from k3serve.server.media import MediaLimits, engine_images, expand_media_spans
