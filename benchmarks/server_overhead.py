@@ -220,7 +220,7 @@ class _FakeEngine:
 
 
 def per_token(n: int, tokens: int) -> int:
-    from k3serve.server.chat import chat_format_for
+    from k3serve.chat import chat_format_for
     from k3serve.server.chat_request import prepare_chat
     from k3serve.server.chat_serving import chat_response, chat_stream
     from k3serve.server.completion_serving import CompletionJob, completion_response

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from k3serve.server.chat import K3, ChatOptions
+from k3serve.chat import K3, ChatOptions
 from training.tasks import Sample
 
 STOP_ID = 163586  # <|end_of_msg|>

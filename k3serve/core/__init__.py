@@ -1,1 +1,2 @@
-"""Shared vocabulary used by every layer of k3serve: configs and deterministic hashing."""
+"""Shared vocabulary used by every layer of k3serve: configs, deterministic hashing, KV-cache event messages,
+the HTTP error object."""

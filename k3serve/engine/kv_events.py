@@ -3,18 +3,11 @@
 ``KVEventRecorder`` is the only thing the cache code touches: ``BlockPool``, ``StatePool`` and
 ``HybridPrefixCache`` hold an ``events`` attribute that is None unless a recorder is attached
 (``attach``), so with events off a hook costs one attribute test. With a recorder each hook appends
-one tuple; ``take()`` turns them into wire events, merging runs of chained blocks.
+one tuple; ``take()`` turns them into ``core.kv_events`` messages, merging runs of chained blocks.
 
-Wire types (msgspec, msgpack) live here, below both the engine-core process that publishes them and
-the router that reads them (the router converts them into ``router.events``; the tag values match):
-
-    KVBatch(seq, ts, events)   seq grows by one per batch, per engine process, from 0
-    KVState(seq, block_hashes, snapshots)   the full cache content as of batch ``seq`` (resync)
-
-``KVEventPublisher`` (engine-core process) sends every batch on a ZMQ PUB socket as the multipart
-``[b"kv", seq (8 bytes big-endian), msgpack(KVBatch)]``, an empty batch after a quiet second (so a
-subscriber notices a lost trailing batch), and answers ``[b"snapshot"]`` on a ROUTER socket with
-``msgpack(KVState)``. Block and snapshot keys are ``core.hashing`` chain hashes (u64).
+``KVEventPublisher`` (engine-core process) sends every batch on a ZMQ PUB socket, an empty batch after a
+quiet second (so a subscriber notices a lost trailing batch), and answers full-state requests on a ROUTER
+socket; the messages and the framing are ``core.kv_events``'s.
 """
 
 from __future__ import annotations
@@ -25,60 +18,22 @@ from typing import Any
 
 import msgspec
 
-TOPIC = b"kv"
-SNAPSHOT_REQUEST = b"snapshot"
+from k3serve.core.kv_events import (
+    SNAPSHOT_REQUEST,
+    TOPIC,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVEvent,
+    KVEventsInfo,
+    ReplicaState,
+    SnapshotRemoved,
+    SnapshotStored,
+)
+
 _STORED, _REMOVED, _CLEARED, _SNAP_STORED, _SNAP_REMOVED = range(5)
 _MAX_DEPTH_HINTS = 4096
-
-
-class BlockStored(msgspec.Struct, tag="block_stored", frozen=True):
-    block_hashes: list[int]  # a chain: each block's parent is the one before it
-    parent_hash: int | None  # parent of the first block (None: it starts the sequence)
-    num_tokens: int
-
-
-class BlockRemoved(msgspec.Struct, tag="block_removed", frozen=True):
-    block_hashes: list[int]
-
-
-class AllBlocksCleared(msgspec.Struct, tag="all_blocks_cleared", frozen=True):
-    pass
-
-
-class SnapshotStored(msgspec.Struct, tag="snapshot_stored", frozen=True):
-    block_hash: int  # key: the hash of the block that ends at ``depth``
-    depth: int  # tokens of prefix the KDA state snapshot covers
-
-
-class SnapshotRemoved(msgspec.Struct, tag="snapshot_removed", frozen=True):
-    block_hash: int
-
-
-WireEvent = BlockStored | BlockRemoved | AllBlocksCleared | SnapshotStored | SnapshotRemoved
-
-
-class KVBatch(msgspec.Struct, frozen=True):
-    seq: int
-    ts: float
-    events: list[WireEvent]
-
-
-class KVState(msgspec.Struct, frozen=True):
-    seq: int  # last batch published before this state was taken (-1: none yet)
-    block_hashes: list[int]
-    snapshots: list[tuple[int, int]]  # (block hash, depth)
-
-
-class KVEventsInfo(msgspec.Struct, frozen=True):
-    """Where a replica publishes (ports on the replica's host) and the block size it hashes with."""
-
-    block_size: int
-    pub_port: int
-    snapshot_port: int
-
-
-batch_decoder = msgspec.msgpack.Decoder(KVBatch)
-state_decoder = msgspec.msgpack.Decoder(KVState)
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -121,11 +76,11 @@ class KVEventRecorder:
 
     # reading -----------------------------------------------------------------------------------------
 
-    def take(self) -> list[WireEvent]:
+    def take(self) -> list[KVEvent]:
         """The events recorded since the last call, in order; consecutive chained stores (and consecutive
         removals) become one event."""
         log, self._log = self._log, []
-        out: list[WireEvent] = []
+        out: list[KVEvent] = []
         run: list[int] = []
         run_parent: int | None = None
         removed: list[int] = []
@@ -133,10 +88,10 @@ class KVEventRecorder:
         def flush() -> None:
             nonlocal run, removed
             if run:
-                out.append(BlockStored(run, run_parent, len(run) * self.block_size))
+                out.append(BlockStored(tuple(run), run_parent, len(run) * self.block_size))
                 run = []
             if removed:
-                out.append(BlockRemoved(removed))
+                out.append(BlockRemoved(tuple(removed)))
                 removed = []
 
         for kind, key, extra in log:
@@ -172,9 +127,9 @@ def attach(engine: Any) -> KVEventRecorder:
     return rec
 
 
-def full_state(engine: Any, rec: KVEventRecorder, seq: int) -> KVState:
-    snaps = [(k, rec.snapshot_depth[k]) for k in engine.states.snapshot_of if k in rec.snapshot_depth]
-    return KVState(seq, list(engine.blocks.hash_to_block), snaps)
+def full_state(engine: Any, rec: KVEventRecorder, seq: int) -> ReplicaState:
+    snaps = tuple((k, rec.snapshot_depth[k]) for k in engine.states.snapshot_of if k in rec.snapshot_depth)
+    return ReplicaState(seq, tuple(engine.blocks.hash_to_block), snaps)
 
 
 def _bind_host(host: str) -> str:
@@ -213,7 +168,7 @@ class KVEventPublisher:
         now = time.monotonic()
         if events or now - self._last_sent >= self.HEARTBEAT_S:
             self.seq += 1
-            payload = _encoder.encode(KVBatch(self.seq, time.time(), events))
+            payload = _encoder.encode(EventBatch(self.seq, tuple(events), time.time()))
             self.pub.send_multipart([TOPIC, self.seq.to_bytes(8, "big"), payload])
             self._last_sent = now
         zmq = self._zmq

@@ -3,7 +3,8 @@
   load_image(data: bytes) -> PIL image                 decode, refusing undecodable or oversized input
   resize_size(W, H) -> (W', H')                         navit rule, truncating, never upscaling
   image_grid(W, H) -> (h, w)                            patch grid after padding to a multiple of 28 px
-  num_image_tokens(W, H) -> (h/2)*(w/2)                 number of <|media_pad|> tokens
+  num_image_tokens(W, H) -> (h/2)*(w/2)                 number of <|media_pad|> tokens (the only copy of this count:
+                                                        the server expands prompt placeholders with it)
   image_prompt_text(W, H) -> "<|media_begin|>image {W}x{H}<|media_content|>" + N*"<|media_pad|>" + "<|media_end|>"
   preprocess_image(image) -> PreprocessedImage          pixel_patches [h*w, 3, 14, 14] fp32, grid_thw [1, 3]
   stack_images(items) -> (pixel_patches [sum h*w, 3, 14, 14], grid_thw [n, 3])   the tower's packed input
@@ -64,6 +65,7 @@ class MediaProcConfig:
 
 
 K3_MEDIA_PROC = MediaProcConfig()
+K25_MEDIA_PROC = MediaProcConfig(in_patch_limit=16384)  # K2.5's preprocessor_config: a quarter of K3's patches
 
 
 @dataclass(frozen=True)

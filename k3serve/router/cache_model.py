@@ -12,8 +12,8 @@ cached MLA prefix was m blocks:
 A snapshot lives and dies with its block; its memory is not charged separately (one K3 snapshot is the
 size of ~37 blocks of MLA KV, so a memory-true model would hold far fewer; see engine_router.md §2.4).
 
-Every change is published as an ``EventBatch`` with the replica's next sequence number, exactly what
-an engine sends the live router.
+Every change is published as an ``EventBatch`` (``core.kv_events``) with the cache's next sequence
+number, exactly what an engine sends the live router.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from k3serve.router.events import BlockRemoved, BlockStored, EventBatch, KVEvent, SnapshotRemoved, SnapshotStored
+from k3serve.core.kv_events import BlockRemoved, BlockStored, EventBatch, KVEvent, SnapshotRemoved, SnapshotStored
 from k3serve.router.prefix_index import SnapshotRule
 
 
@@ -41,10 +41,9 @@ def usable_depth(block_ids: Sequence[int], cached: object, snaps: set[int]) -> t
 class ReplicaCache:
     """LRU block cache of one replica that reports its changes as KV events."""
 
-    def __init__(self, replica: int, capacity_blocks: int, block_tokens: int) -> None:
+    def __init__(self, capacity_blocks: int, block_tokens: int) -> None:
         if capacity_blocks <= 0:
             raise ValueError(f"cache capacity must be positive, got {capacity_blocks}")
-        self.replica = replica
         self.capacity = capacity_blocks
         self.block_tokens = block_tokens
         self._lru: OrderedDict[int, None] = OrderedDict()  # first = least recently used
@@ -94,7 +93,7 @@ class ReplicaCache:
                 events.append(SnapshotRemoved(h))
         if evicted:
             events.append(BlockRemoved(tuple(evicted)))
-        batch = EventBatch(self.replica, self._seq, tuple(events), now)
+        batch = EventBatch(self._seq, tuple(events), now)
         self._seq += 1
         return batch
 

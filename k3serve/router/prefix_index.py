@@ -1,6 +1,6 @@
 """Global prefix index: which replica holds which prefix blocks and KDA state snapshots.
 
-Fed by ``EventBatch``es from every replica; queried once per request with the request's chain block
+Fed by ``core.kv_events`` batches from every replica; queried once per request with the request's chain block
 hashes. Because a block hash chains its whole prefix, a flat ``hash -> replica bitmask`` dict is enough
 (no radix tree): the prefix a replica holds is the run of leading hashes whose mask has its bit set.
 
@@ -15,18 +15,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from k3serve.router.events import (
+from k3serve.core.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    Delivery,
     EventBatch,
     KVEvent,
     ReplicaState,
-    SequenceTracker,
     SnapshotRemoved,
     SnapshotStored,
 )
+from k3serve.router.sequence import Delivery, SequenceTracker
 
 MAX_REPLICAS = 4096
 
@@ -69,17 +68,17 @@ class PrefixIndex:
         self._pending = _Pending()
         self.tracker = SequenceTracker()
 
-    def apply(self, batch: EventBatch) -> Delivery:
-        """Apply a batch if it is the next one of its replica; on a gap mark the replica stale."""
-        _check_replica(batch.replica)
-        outcome = self.tracker.classify(batch.replica, batch.seq)
+    def apply(self, replica: int, batch: EventBatch) -> Delivery:
+        """Apply ``replica``'s batch if it is the next one from it; on a gap mark the replica stale."""
+        _check_replica(replica)
+        outcome = self.tracker.classify(replica, batch.seq)
         if outcome is Delivery.APPLY:
-            self._ensure(batch.replica)
+            self._ensure(replica)
             for event in batch.events:
-                self._apply_event(batch.replica, event)
-            self._stale &= ~(1 << batch.replica)
+                self._apply_event(replica, event)
+            self._stale &= ~(1 << replica)
         elif outcome is Delivery.GAP:
-            self._stale |= 1 << batch.replica
+            self._stale |= 1 << replica
         return outcome
 
     def resync(self, replica: int, state: ReplicaState) -> None:

@@ -29,8 +29,8 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from k3serve.core.errors import error_body
 from k3serve.core.hashing import hash_blocks
-from k3serve.server.errors import error_body, error_response
 from k3serve.router.policy import POLICIES, PolicyConfig, make_policy
 from k3serve.router.prefix_index import SnapshotRule
 from k3serve.router.replicas import ReplicaSet
@@ -79,7 +79,7 @@ class ReplicaUnavailable(Exception):
 
 
 def error(status: int, message: str, code: str) -> JSONResponse:
-    return error_response(status, message, code=code)  # the same OpenAI error object the replicas send
+    return JSONResponse(error_body(status, message, code), status_code=status)  # what the replicas send
 
 
 def sse_error(message: str) -> bytes:

@@ -6,9 +6,9 @@ from a full-state snapshot. A failed health check (or a connection error the pro
 and drops its index; the next good health check re-admits it after a fresh resync, so a restarted
 replica (new ports, empty cache) is picked up with nothing but its URL.
 
-Event path: a ZMQ SUB socket per replica receives ``[b"kv", seq, msgpack(KVBatch)]``; batches go to
-``Router.apply``. A sequence gap (lost batches, or a replica restarted behind the same URL) triggers
-a resync: a DEALER asks the engine's ROUTER socket for ``KVState``; batches arriving meanwhile are
+Event path: a ZMQ SUB socket per replica receives ``[b"kv", seq, msgpack(EventBatch)]`` (``core.kv_events``);
+batches go to ``Router.apply``. A sequence gap (lost batches, or a replica restarted behind the same URL)
+triggers a resync: a DEALER asks the engine's ROUTER socket for its ``ReplicaState``; batches arriving meanwhile are
 buffered and replayed on top of it (those at or below the state's seq are dropped as duplicates).
 """
 
@@ -24,10 +24,9 @@ import httpx
 import zmq
 import zmq.asyncio
 
-from k3serve.engine.kv_events import SNAPSHOT_REQUEST, TOPIC
-from k3serve.router.events import Delivery, EventBatch
+from k3serve.core.kv_events import SNAPSHOT_REQUEST, TOPIC, EventBatch, decode_batch, decode_state
 from k3serve.router.router import Router
-from k3serve.router.wire import decode_batch, decode_state
+from k3serve.router.sequence import Delivery
 
 log = logging.getLogger("k3serve.router")
 RESYNC_TIMEOUT_S = 5.0
@@ -169,13 +168,13 @@ class ReplicaSet:
                 if len(frames) != 3:
                     continue
                 try:
-                    batch = decode_batch(rep.id, frames[2])
+                    batch = decode_batch(frames[2])
                 except ValueError as e:
-                    log.warning("%s", e)
+                    log.warning("replica %d: %s", rep.id, e)
                     continue
                 if rep._buffer is not None:
                     rep._buffer.append(batch)
-                elif self.router.apply(batch) is Delivery.GAP and rep._resync is None:
+                elif self.router.apply(rep.id, batch) is Delivery.GAP and rep._resync is None:
                     rep._resync = asyncio.create_task(self._resync_task(rep))
         finally:
             sock.close(0)
@@ -207,7 +206,7 @@ class ReplicaSet:
                 self.router.resync(rep.id, decode_state(raw))
                 rep.resyncs += 1
                 buffered, rep._buffer = rep._buffer, None
-                if all(self.router.apply(b) is not Delivery.GAP for b in buffered):
+                if all(self.router.apply(rep.id, b) is not Delivery.GAP for b in buffered):
                     return
             raise ValueError(f"events kept going missing after {attempts} resyncs")
 

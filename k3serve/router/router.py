@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from k3serve.router.events import Delivery, EventBatch, ReplicaState
+from k3serve.core.kv_events import EventBatch, ReplicaState
 from k3serve.router.load import LoadTracker
 from k3serve.router.policy import Policy, ReplicasView, RequestView
 from k3serve.router.prefix_index import PrefixIndex, SnapshotRule
+from k3serve.router.sequence import Delivery
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +41,12 @@ class Router:
         self._all = np.arange(num_replicas)
         self._cached = np.zeros(num_replicas, dtype=np.int64)
 
-    def apply(self, batch: EventBatch) -> Delivery:
+    def apply(self, replica: int, batch: EventBatch) -> Delivery:
         """Feed one replica's event batch to the index (GAP: the replica needs replay or ``resync``)."""
-        if not 0 <= batch.replica < len(self._all):
-            raise ValueError(f"event batch from unknown replica {batch.replica}")
-        outcome = self.index.apply(batch)
-        self._cached[batch.replica] = self.index.num_blocks(batch.replica)
+        if not 0 <= replica < len(self._all):
+            raise ValueError(f"event batch from unknown replica {replica}")
+        outcome = self.index.apply(replica, batch)
+        self._cached[replica] = self.index.num_blocks(replica)
         return outcome
 
     def resync(self, replica: int, state: ReplicaState) -> None:

@@ -97,7 +97,7 @@ def simulate(
     bt = TRACE_BLOCK_TOKENS
     rule = SnapshotRule(config.state_interval, config.branch_snapshots)
     router = Router(make_policy(policy, policy_config), n, bt, rule)
-    caches = [ReplicaCache(r, config.cache_blocks, bt) for r in range(n)]
+    caches = [ReplicaCache(config.cache_blocks, bt) for _ in range(n)]
     queues: list[deque[int]] = [deque() for _ in range(n)]
     busy = [False] * n
     decoding = [0] * n
@@ -127,7 +127,7 @@ def simulate(
                 router.on_finished(i)
                 continue
             req = requests[i]
-            router.apply(caches[r].insert(req.block_ids, snapshots_of.pop(i), now))
+            router.apply(r, caches[r].insert(req.block_ids, snapshots_of.pop(i), now))
             router.on_first_token(i)
             ttft[i] = now - req.arrival_s
             tpot = config.decode_step_s * (1 + decoding[r] / config.decode_knee)

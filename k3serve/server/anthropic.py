@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from k3serve.server.chat.parsers import ContentDelta, ReasoningDelta, ToolCallArgs, ToolCallStart
+from k3serve.chat.parsers import ContentDelta, ReasoningDelta, ToolCallArgs, ToolCallStart
 from k3serve.server.chat_request import ChatJob
 from k3serve.server.chat_serving import _decoders
 from k3serve.server.engine_client import EngineDead

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from k3serve.server.chat import ChatOptions, Prompt
-from k3serve.server.chat.images import K3_PATCH_LIMIT, K25_PATCH_LIMIT, vision_tokens
+from k3serve.chat import ChatOptions, Prompt
+from k3serve.models.vision_preprocess import K3_MEDIA_PROC, K25_MEDIA_PROC, num_image_tokens
 from k3serve.server.grammars import all_strict, check_grammar, json_grammar, strict_tools_grammar, tool_call_grammar
 from k3serve.server.media import engine_images, expand_media_spans, image_parts, load_images
 from k3serve.server.messages import ImageData, Sampling
@@ -96,8 +96,8 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
         raise ValueError("tool_choice: 'required' needs at least one tool")
     prompt = fmt.render(req.messages, req.tools if req.tools else None, _renderable(fmt, options, req))
     ids = [int(t) for t in tok.encode_segments(prompt.token_segments())]
-    limit = K3_PATCH_LIMIT if fmt.is_k3 else K25_PATCH_LIMIT
-    ids, spans = expand_media_spans(ids, [vision_tokens(w, h, limit) for w, h in options.image_sizes])
+    media = K3_MEDIA_PROC if fmt.is_k3 else K25_MEDIA_PROC
+    ids, spans = expand_media_spans(ids, [num_image_tokens(w, h, media) for w, h in options.image_sizes])
     state.check_ids(ids)
     stub = prompt.stub_ids(tok.encode_segments) if state.contract == "kimi" else 0
     tools = all_tools(req)
@@ -106,7 +106,7 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
         check_grammar(grammar)
     sampling = req.to_sampling_params(state.contract, thinking=thinking, prompt_len=len(ids),
                                       max_model_len=state.max_model_len)
-    pixels = await engine_images(images, spans, limit)
+    pixels = await engine_images(images, spans, media)
     return ChatJob(prompt=prompt, prompt_ids=ids, usage_prompt_tokens=len(ids) - stub, sampling=sampling,
                    n=req.n or 1, stop=stop, tools=tools, grammar=grammar,
                    logit_bias=req.logit_bias_ids(state.contract), top_logprobs=req.logprob_count(),

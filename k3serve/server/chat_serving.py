@@ -12,11 +12,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from k3serve.server.chat.parsers import ReasoningDelta
+from k3serve.chat.parsers import ReasoningDelta
+from k3serve.core.errors import error_body
 from k3serve.server.chat_request import ChatJob
 from k3serve.server.choice import ChoiceDecoder
 from k3serve.server.engine_client import EngineDead
-from k3serve.server.errors import error_body
 from k3serve.server.generation import SSE_DONE, Timer, new_id, run_choices, sse, usage
 from k3serve.server.state import ServerState
 

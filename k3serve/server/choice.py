@@ -2,7 +2,7 @@
 (chat) or raw text (completions), plus its logprobs and finish reason.
 
 Stop strings: a completion matches them on the raw text (the detokenizer); a chat answer on its
-user-visible content only, after the parser (`chat.cutoffs`), so reasoning and tool-call markup never
+user-visible content only, after the parser (`server.cutoffs`), so reasoning and tool-call markup never
 stop it. `ChoiceDecoder.push(output)` returns the new deltas of one engine step; `done` tells when the
 choice ended (engine finish, a stop string, or the single tool call of `parallel_tool_calls: false`;
 the caller then closes the engine stream, which aborts the request).
@@ -14,9 +14,9 @@ import codecs
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from k3serve.chat.parsers import ContentDelta, Delta, ParsedMessage, StreamParser, ToolCallStart, collect
 from k3serve.engine.detokenizer import IncrementalDetokenizer
-from k3serve.server.chat.cutoffs import Cutoff
-from k3serve.server.chat.parsers import ContentDelta, Delta, ParsedMessage, StreamParser, ToolCallStart, collect
+from k3serve.server.cutoffs import Cutoff
 from k3serve.server.messages import Output
 
 

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from k3serve.core.errors import error_body
 from k3serve.server.choice import ChoiceDecoder, token_str
 from k3serve.server.engine_client import EngineBusy, EngineDead
-from k3serve.server.errors import error_body
 from k3serve.server.generation import SSE_DONE, Timer, choice_sampling, new_id, run_requests, sse, usage
 from k3serve.server.messages import Sampling
 from k3serve.server.protocol import CompletionRequest

@@ -1,4 +1,4 @@
-"""OpenAI-style error objects for every failure: `{"error": {"message", "type", "param", "code"}}`.
+"""OpenAI-style error objects for every failure (the body itself: `core.errors.error_body`).
 
 Handlers only translate: `ValueError` from validation/rendering -> 400, request-body schema
 errors -> 400 (not FastAPI's 422; KVV expects 400), unknown routes -> 404, engine gone -> 503,
@@ -14,13 +14,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from k3serve.core.errors import error_body
 from k3serve.server.engine_client import EngineBusy, EngineDead
 
 log = logging.getLogger("k3serve.server")
-
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-          429: "rate_limit_exceeded", 500: "server_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):
@@ -28,11 +25,6 @@ class APIError(Exception):
                  retry_after: int | None = None):
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.retry_after = status, message, code, param, retry_after
-
-
-def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
-                      "code": code}}
 
 
 def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None,

@@ -18,9 +18,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k3serve.server.chat import ChatFormat, Prompt
-from k3serve.server.chat.k3 import escape_attr
-from k3serve.server.chat.parsers import mint_tool_call_id
+from k3serve.chat import ChatFormat, Prompt
+from k3serve.chat.k3 import escape_attr
+from k3serve.chat.parsers import mint_tool_call_id
 
 # K3 XTML markers and the shared end-of-message id
 OPEN, CLOSE, SEP, EOM = "<[163587]>", "<[163588]>", "<[163589]>", "<[163586]>"

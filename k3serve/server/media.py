@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 
 from PIL import Image, UnidentifiedImageError
 
+from k3serve.models.vision_preprocess import MediaProcConfig
 from k3serve.server.messages import ImageData
 
 MEDIA_PAD_ID = 163605
@@ -136,10 +137,10 @@ def expand_media_spans(ids: Sequence[int], counts: Sequence[int],
     return out, spans
 
 
-def _image_data(image: Image.Image, span: tuple[int, int], k: int, patch_limit: int) -> ImageData:
-    from k3serve.models.vision_preprocess import MediaProcConfig, preprocess_image
+def _image_data(image: Image.Image, span: tuple[int, int], k: int, media: MediaProcConfig) -> ImageData:
+    from k3serve.models.vision_preprocess import preprocess_image
 
-    pre = preprocess_image(image, MediaProcConfig(in_patch_limit=patch_limit))
+    pre = preprocess_image(image, media)
     if pre.num_tokens != span[1]:  # the renderer's count and the preprocessor's must agree
         raise ValueError(f"image {k}: {pre.num_tokens} vision tokens after preprocessing, {span[1]} in the prompt")
     px = pre.pixel_patches.contiguous()
@@ -148,10 +149,10 @@ def _image_data(image: Image.Image, span: tuple[int, int], k: int, patch_limit: 
 
 
 async def engine_images(images: Sequence[Image.Image], spans: Sequence[tuple[int, int]],
-                        patch_limit: int) -> list[ImageData]:
+                        media: MediaProcConfig) -> list[ImageData]:
     """Preprocess each image for the vision tower (in a worker thread: resizing is CPU work) into the
     typed message the engine takes; `spans` are the images' placeholder runs in the prompt."""
     if not images:
         return []
     return await asyncio.to_thread(
-        lambda: [_image_data(im, span, k, patch_limit) for k, (im, span) in enumerate(zip(images, spans))])
+        lambda: [_image_data(im, span, k, media) for k, (im, span) in enumerate(zip(images, spans))])

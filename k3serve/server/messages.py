@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
-from k3serve.engine.kv_events import KVEventsInfo
+from k3serve.core.kv_events import KVEventsInfo
 from k3serve.engine.sampling_params import SamplingParams
 
 

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from k3serve.models.vision_preprocess import (
+    K3_MEDIA_PROC,
+    K25_MEDIA_PROC,
     MediaProcConfig,
     composite_on_chessboard,
     image_grid,
@@ -57,6 +59,16 @@ def test_resize_arithmetic(args, size, grid, tokens):
     assert resize_size(w, h, cfg) == size
     assert image_grid(w, h, cfg) == grid
     assert num_image_tokens(w, h, cfg) == tokens
+
+
+@pytest.mark.parametrize("w,h,cfg,n", [
+    (1024, 768, K3_MEDIA_PROC, 1036), (1861, 7041, K3_MEDIA_PROC, 16817),
+    (1024, 768, K25_MEDIA_PROC, 1036), (2048, 1365, K25_MEDIA_PROC, 3626), (17, 64, K25_MEDIA_PROC, 3),
+    (5000, 6000, K25_MEDIA_PROC, 4189),
+])
+def test_token_counts_of_k3_and_k25(w, h, cfg, n):
+    """The counts the chat renderer's prompts were checked against (chat_format_examples.md §4.1)."""
+    assert num_image_tokens(w, h, cfg) == n
 
 
 def test_side_clamp_and_patch_limit_hold_for_many_sizes():

@@ -8,14 +8,14 @@ import msgspec
 import pytest
 import torch
 
+from k3serve.core.kv_events import BlockStored, EventBatch, SnapshotStored, decode_batch, decode_state
 from k3serve.engine import kv_events
 from k3serve.engine.config import EngineConfig
 from k3serve.engine.engine import LLMEngine
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.models.loader import load_model
-from k3serve.router.events import Delivery
 from k3serve.router.prefix_index import PrefixIndex
-from k3serve.router.wire import decode_batch, decode_state
+from k3serve.router.sequence import Delivery
 
 _ENC = msgspec.msgpack.Encoder()
 
@@ -61,8 +61,8 @@ def test_events_track_the_engine_cache_through_evictions(tiny):
             events = rec.take()
             kinds |= {type(e).__name__ for e in events}
             seq += 1
-            wire = _ENC.encode(kv_events.KVBatch(seq, 0.0, events))
-            assert index.apply(decode_batch(2, wire)) is Delivery.APPLY
+            wire = _ENC.encode(EventBatch(seq, tuple(events)))
+            assert index.apply(2, decode_batch(wire)) is Delivery.APPLY
             assert _view(index, 2) == _truth(engine)
     assert {"BlockStored", "BlockRemoved", "SnapshotStored", "SnapshotRemoved"} <= kinds
     # a resync from the full state alone gives the same view, with depths on block boundaries
@@ -85,12 +85,12 @@ def test_stored_runs_are_chained_and_depths_match_hashes(tiny):
         engine.step()
     events = rec.take()
     hashes = hash_blocks(prompt, 16)
-    stored = [e for e in events if isinstance(e, kv_events.BlockStored)]
+    stored = [e for e in events if isinstance(e, BlockStored)]
     got = [h for e in stored for h in e.block_hashes]
     assert got and got == hashes[:len(got)]
     assert len(stored) == 1 and stored[0].parent_hash is None
     assert stored[0].num_tokens == 16 * len(stored[0].block_hashes)
-    snaps = {e.block_hash: e.depth for e in events if isinstance(e, kv_events.SnapshotStored)}
+    snaps = {e.block_hash: e.depth for e in events if isinstance(e, SnapshotStored)}
     assert snaps and all(hashes[d // 16 - 1] == h for h, d in snaps.items())
     assert rec.take() == []
 

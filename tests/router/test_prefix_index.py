@@ -3,17 +3,17 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k3serve.router.events import (
+from k3serve.core.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    Delivery,
     EventBatch,
     ReplicaState,
     SnapshotRemoved,
     SnapshotStored,
 )
 from k3serve.router.prefix_index import PrefixIndex, SnapshotRule
+from k3serve.router.sequence import Delivery
 
 BS = 4
 
@@ -25,7 +25,7 @@ class Feed:
         self.index, self.replica, self.seq = index, replica, 0
 
     def send(self, *events) -> Delivery:
-        out = self.index.apply(EventBatch(self.replica, self.seq, tuple(events)))
+        out = self.index.apply(self.replica, EventBatch(self.seq, tuple(events)))
         self.seq += 1
         return out
 
@@ -87,10 +87,10 @@ def test_gap_marks_stale_then_resync_restores():
 
 def test_replay_after_gap_heals_without_resync():
     idx = PrefixIndex(BS)
-    idx.apply(EventBatch(0, 0, (stored([1]),)))
-    assert idx.apply(EventBatch(0, 2, (SnapshotStored(1, BS),))) is Delivery.GAP
-    assert idx.apply(EventBatch(0, 1, (stored([2], 1),))) is Delivery.APPLY
-    assert idx.apply(EventBatch(0, 2, (SnapshotStored(1, BS),))) is Delivery.APPLY
+    idx.apply(0, EventBatch(0, (stored([1]),)))
+    assert idx.apply(0, EventBatch(2, (SnapshotStored(1, BS),))) is Delivery.GAP
+    assert idx.apply(0, EventBatch(1, (stored([2], 1),))) is Delivery.APPLY
+    assert idx.apply(0, EventBatch(2, (SnapshotStored(1, BS),))) is Delivery.APPLY
     assert not idx.is_stale(0) and idx.match([1, 2]) == {0: 1}
 
 

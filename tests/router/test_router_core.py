@@ -1,10 +1,11 @@
 import pytest
 
-from k3serve.router.events import BlockStored, Delivery, EventBatch, SnapshotStored
+from k3serve.core.kv_events import BlockStored, EventBatch, SnapshotStored
 from k3serve.router.load import LoadTracker
 from k3serve.router.policy import KVPolicy, PolicyConfig
 from k3serve.router.prefix_index import SnapshotRule
 from k3serve.router.router import Decision, Router
+from k3serve.router.sequence import Delivery
 
 
 def test_load_tracker_lifecycle():
@@ -38,7 +39,7 @@ def test_router_counts_a_pick_at_once_and_predicts_its_blocks():
     router.on_first_token("b")
     # the engine confirms; predictions are gone, the index now holds the real events
     assert router.index.match([1, 2, 3]) == {}
-    assert router.apply(EventBatch(d1.replica, 0, (BlockStored((1, 2, 3), None, 12), SnapshotStored(3, 12)))) \
+    assert router.apply(d1.replica, EventBatch(0, (BlockStored((1, 2, 3), None, 12), SnapshotStored(3, 12)))) \
         is Delivery.APPLY
     assert router.index.match([1, 2, 3]) == {d1.replica: 3}
     # "a" and "b" still decode there (8 KV blocks): a cold replica is cheaper than the 3-block hit
@@ -61,4 +62,4 @@ def test_router_respects_routable_and_rejects_bad_input():
     with pytest.raises(ValueError):
         router.route(0, [1], 1, 1)  # request 0 is still in flight
     with pytest.raises(ValueError):
-        router.apply(EventBatch(7, 0, ()))
+        router.apply(7, EventBatch(0, ()))

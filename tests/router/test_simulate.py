@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
+from k3serve.core.kv_events import BlockRemoved, BlockStored, SnapshotRemoved, SnapshotStored
 from k3serve.router.cache_model import ReplicaCache, ideal_hits
-from k3serve.router.events import BlockRemoved, BlockStored, SnapshotRemoved, SnapshotStored
 from k3serve.router.prefix_index import PrefixIndex, SnapshotRule
 from k3serve.router.simulate import SimConfig, simulate
 from k3serve.router.trace import TraceRequest, load_trace, scale_trace
@@ -20,7 +20,7 @@ def rec(ms, n_in, n_out, ids):
 
 
 def test_cache_evicts_chain_tails_first_and_reports_events():
-    cache = ReplicaCache(0, capacity_blocks=3, block_tokens=512)
+    cache = ReplicaCache(capacity_blocks=3, block_tokens=512)
     b1 = cache.insert([1, 2], [2], now=0.0)
     assert b1.seq == 0
     assert b1.events == (BlockStored((1, 2), None, 1024), SnapshotStored(2, 1024))
@@ -33,13 +33,13 @@ def test_cache_evicts_chain_tails_first_and_reports_events():
 
 
 def test_cache_events_keep_the_index_equal_to_the_cache():
-    cache = ReplicaCache(0, capacity_blocks=5, block_tokens=512)
+    cache = ReplicaCache(capacity_blocks=5, block_tokens=512)
     index = PrefixIndex(512)
     rng = np.random.default_rng(0)
     prompts = [[int(x) for x in np.cumsum(rng.integers(1, 3, size=rng.integers(1, 5)))] for _ in range(40)]
     for p in prompts:
         mla, _ = cache.lookup(p)
-        index.apply(cache.insert(p, SnapshotRule(2).depths(len(p), mla), 0.0))
+        index.apply(0, cache.insert(p, SnapshotRule(2).depths(len(p), mla), 0.0))
     for p in prompts:
         mla, usable = cache.lookup(p)
         assert index.match_depths(p).get(0, (0, 0)) == (mla, usable)

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from k3serve.server.chat.cutoffs import Cutoff
-from k3serve.server.chat.parsers import ContentDelta, K2Parser, K3Parser, ReasoningDelta, ToolCallStart
+from k3serve.chat.parsers import ContentDelta, K2Parser, K3Parser, ReasoningDelta, ToolCallStart
 from k3serve.server.choice import ChoiceDecoder
+from k3serve.server.cutoffs import Cutoff
 from k3serve.server.generation import run_choices
 from k3serve.server.messages import Output, Sampling
 

@@ -9,7 +9,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from k3serve.server.chat import K2_INSTRUCT, K2_THINKING, K3, K25, ChatOptions
+from k3serve.chat import K2_INSTRUCT, K2_THINKING, K3, K25, ChatOptions
 from k3serve.server.grammars import check_grammar, json_grammar, tool_call_grammar
 from k3serve.server.guided import kimi_lltokenizer
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from k3serve.server.chat import K2_INSTRUCT, K3
+from k3serve.chat import K2_INSTRUCT, K3
+from k3serve.models.vision_preprocess import K3_MEDIA_PROC
 from k3serve.server.chat_request import prepare_chat
 from k3serve.server.engine_core import image_input
 from k3serve.server.media import MediaLimits, engine_images, expand_media_spans
@@ -111,7 +112,7 @@ def test_expand_spans_and_preprocess_agree():
     ids, spans = expand_media_spans([1, PAD, 2, PAD], [3, 2])
     assert ids == [1, PAD, PAD, PAD, 2, PAD, PAD] and spans == [(1, 3), (5, 2)]
     img = Image.new("RGB", (56, 84))
-    (data,) = asyncio.run(engine_images([img], [(0, 6)], 65536))
+    (data,) = asyncio.run(engine_images([img], [(0, 6)], K3_MEDIA_PROC))
     assert isinstance(data, ImageData) and len(data.pixels) == 24 * 3 * 14 * 14 * 4
     with pytest.raises(ValueError, match="vision tokens after preprocessing"):
-        asyncio.run(engine_images([img], [(0, 5)], 65536))
+        asyncio.run(engine_images([img], [(0, 5)], K3_MEDIA_PROC))

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from k3serve.server.chat.parsers.deltas import (
+from k3serve.chat.parsers.deltas import (
     ContentDelta,
     Delta,
     ParsedMessage,

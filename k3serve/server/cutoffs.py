@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from k3serve.chat.parsers import ContentDelta, Delta, ToolCallArgs, ToolCallStart
+from k3serve.chat.parsers.base import partial_tail
 from k3serve.engine.detokenizer import find_stop
-from k3serve.server.chat.parsers import ContentDelta, Delta, ToolCallArgs, ToolCallStart
-from k3serve.server.chat.parsers.base import partial_tail
 
 
 class Cutoff:

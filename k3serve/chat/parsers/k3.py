@@ -16,8 +16,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k3serve.server.chat.parsers.base import StreamParser, find_first, partial_tail
-from k3serve.server.chat.parsers.tool_ids import mint_tool_call_id
+from k3serve.chat.parsers.base import StreamParser, find_first, partial_tail
+from k3serve.chat.parsers.tool_ids import mint_tool_call_id
 
 OPEN, CLOSE, SEP, EOM = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
 MARKERS = (OPEN, CLOSE, EOM)

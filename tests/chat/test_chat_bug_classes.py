@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from k3serve.server.chat import K2_INSTRUCT, K3, K25, ChatOptions
-from k3serve.server.chat.parsers import (
+from k3serve.chat import K2_INSTRUCT, K3, K25, ChatOptions
+from k3serve.chat.parsers import (
     K2Parser,
     K3Parser,
     ParsedMessage,
@@ -179,7 +179,7 @@ def test_b06_k3(chunked):
 def test_b07_k2(chunked):
     head = f"{SB}{CB}functions.get_weather:0{AB}" + '{"city": '
     got = chunked.stream(lambda: K2Parser(reasoning=False), [head, f'"Paris"}}{CE}{SE}'])
-    from k3serve.server.chat.parsers import collect
+    from k3serve.chat.parsers import collect
     assert collect(got) == ParsedMessage(None, None, (PARIS,))
 
 
@@ -187,7 +187,7 @@ def test_b07_k3(chunked):
     head = '<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" type="string"<|sep|>Par'
     got = chunked.stream(lambda: K3Parser(thinking=False),
                          [head, "is<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>" + K3_END])
-    from k3serve.server.chat.parsers import collect
+    from k3serve.chat.parsers import collect
     assert collect(got) == ParsedMessage(None, None, (PARIS,))
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonschema
 
-from k3serve.server.chat.parsers.deltas import ToolCall
+from k3serve.chat.parsers.deltas import ToolCall
 
 
 def tool_call_error(call: ToolCall, tools: Sequence[Mapping[str, Any]]) -> str | None:

@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from k3serve.server.chat import k2, k3
-from k3serve.server.chat.parsers import K2Parser, K3Parser, StreamParser
-from k3serve.server.chat.request import ChatOptions
-from k3serve.server.chat.segments import Prompt
+from k3serve.chat import k2, k3
+from k3serve.chat.parsers import K2Parser, K3Parser, StreamParser
+from k3serve.chat.request import ChatOptions
+from k3serve.chat.segments import Prompt
 
 STOP_TOKEN_ID = 163586  # <|end_of_msg|> in K3, <|im_end|> in K2: same id
 

@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from k3serve.server.chat import K3, ChatOptions
-from k3serve.server.chat.k3 import IMAGE_PLACEHOLDER, render
+from k3serve.chat import K3, ChatOptions
+from k3serve.chat.k3 import IMAGE_PLACEHOLDER, render
 
 RF_COLORS = {"type": "json_schema", "json_schema": {"name": "colors", "strict": True, "schema": {
     "type": "object", "properties": {"colors": {"type": "array", "items": {"type": "string"}}},
@@ -265,7 +265,7 @@ MALFORMED = [
 
 @pytest.mark.parametrize("messages", MALFORMED)
 def test_malformed_messages_raise_value_error_only(messages):
-    from k3serve.server.chat import K25
+    from k3serve.chat import K25
     with pytest.raises(ValueError):
         render(messages)
     if "arguments" not in repr(messages):
@@ -273,26 +273,11 @@ def test_malformed_messages_raise_value_error_only(messages):
             K25.render(messages)
 
 
-@pytest.mark.parametrize("w,h,limit,n", [
-    (1024, 768, 65536, 1036), (1861, 7041, 65536, 16817),
-    (1024, 768, 16384, 1036), (2048, 1365, 16384, 3626), (17, 64, 16384, 3), (5000, 6000, 16384, 4189),
-])
-def test_vision_token_counts(w, h, limit, n):
-    from k3serve.server.chat.images import vision_tokens
-    assert vision_tokens(w, h, limit) == n
-
-
-def test_vision_tokens_rejects_bad_sizes():
-    from k3serve.server.chat.images import vision_tokens
-    with pytest.raises(ValueError):
-        vision_tokens(0, 10)
-
-
 @pytest.mark.parametrize("variant", ["k3", "k2"])
 def test_native_tokenizer_keeps_user_control_text_plain(variant):
     """Through the native tokenizer (the server's) and each family's renderer, K3 and K2 control strings in
     user text stay text: the prompt holds exactly the special ids of a harmless one."""
-    from k3serve.server.chat import K25
+    from k3serve.chat import K25
     from k3serve.tokenizer import Tokenizer
 
     tok = Tokenizer.kimi(variant)

@@ -16,10 +16,9 @@ from types import SimpleNamespace
 import pytest
 import tiktoken
 
+from k3serve.chat.parsers import ContentDelta, ReasoningDelta, StreamParser, collect
+from k3serve.chat.parsers.deltas import Delta, ParsedMessage
 from k3serve.tokenizer.kimi import KIMI_PATTERN, VOCAB_PATH
-
-from k3serve.server.chat.parsers import ContentDelta, ReasoningDelta, StreamParser, collect
-from k3serve.server.chat.parsers.deltas import Delta, ParsedMessage
 
 # The vocabulary shipped in the package (a byte copy of shared/tokenizers/kimi, MIT); the pattern is a fact
 # of the format, taken from the package rather than written out again.

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k3serve.server.chat.parsers.base import StreamParser, find_first, partial_tail
-from k3serve.server.chat.parsers.tool_ids import (
+from k3serve.chat.parsers.base import StreamParser, find_first, partial_tail
+from k3serve.chat.parsers.tool_ids import (
     fallback_name,
     mint_tool_call_id,
     name_from_arguments,

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from k3serve.server.chat.k2_tools_ts import tools_to_typescript
-from k3serve.server.chat.request import (
+from k3serve.chat.k2_tools_ts import tools_to_typescript
+from k3serve.chat.request import (
     IMAGE,
     ChatOptions,
     call_function,
@@ -26,7 +26,7 @@ from k3serve.server.chat.request import (
     declared_names,
     deep_sort,
 )
-from k3serve.server.chat.segments import ImageSegment, Prompt, SegmentBuilder
+from k3serve.chat.segments import ImageSegment, Prompt, SegmentBuilder
 
 KIMI_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
 IMAGE_PROMPT = "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>"

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from k3serve.server.chat import K3, K25, ChatOptions
-from k3serve.server.chat.parsers import (
+from k3serve.chat import K3, K25, ChatOptions
+from k3serve.chat.parsers import (
     ContentDelta,
     K2Parser,
     K3Parser,
@@ -148,7 +148,7 @@ def test_truncated_call_is_closed_at_finish():
 
 
 def test_chat_format_selector():
-    from k3serve.server.chat import K2_INSTRUCT, K2_THINKING, chat_format_for
+    from k3serve.chat import K2_INSTRUCT, K2_THINKING, chat_format_for
     assert chat_format_for("kimi_k3") is K3 and K3.is_k3 and K3.stop_token == "<|end_of_msg|>"
     assert chat_format_for("kimi_k25") is K25 and chat_format_for("kimi_k26") is K25
     assert chat_format_for("deepseek_v3") is K2_INSTRUCT and chat_format_for("kimi_linear") is K2_INSTRUCT
@@ -162,7 +162,7 @@ def test_chat_format_selector():
 
 
 def test_marker_helpers():
-    from k3serve.server.chat.parsers.base import find_first, partial_tail
+    from k3serve.chat.parsers.base import find_first, partial_tail
     assert partial_tail("abc<|tool", ["<|tool_call_end|>", "<|im_end|>"]) == 6
     assert partial_tail("abc<|tool_call_end|>", ["<|tool_call_end|>"]) == 0
     assert partial_tail("a<", ["<|a|>"]) == 1 and partial_tail("x", ["<|a|>"]) == 0

@@ -7,9 +7,9 @@ import hashlib
 
 import pytest
 
-from k3serve.server.chat import K2_INSTRUCT, K2_THINKING, K25, ChatOptions
-from k3serve.server.chat.k2 import rewrite_tool_call_ids
-from k3serve.server.chat.k2_tools_ts import tools_to_typescript
+from k3serve.chat import K2_INSTRUCT, K2_THINKING, K25, ChatOptions
+from k3serve.chat.k2 import rewrite_tool_call_ids
+from k3serve.chat.k2_tools_ts import tools_to_typescript
 
 CASES = {
     "K2.5-a1": ("A", False, ChatOptions()),
@@ -128,7 +128,7 @@ TS_CASES = [
 
 @pytest.mark.parametrize("params,expected", TS_CASES)
 def test_typescript_declaration(params, expected):
-    from k3serve.server.chat.request import deep_sort
+    from k3serve.chat.request import deep_sort
     text = tools_to_typescript(deep_sort([{"type": "function", "function": {"name": "f", "parameters": params}}]))
     assert text == "# Tools\n\n## functions\nnamespace functions {\n" + expected + "\n}\n"
 

@@ -1,9 +1,9 @@
 """Model output -> OpenAI deltas, one streaming state machine per family (K2: `<think>` and
 `<|tool_call*|>` markers; K3: XTML channels)."""
 
-from k3serve.server.chat.parsers.base import StreamParser
-from k3serve.server.chat.parsers.checks import is_degenerate, tool_call_error
-from k3serve.server.chat.parsers.deltas import (
+from k3serve.chat.parsers.base import StreamParser
+from k3serve.chat.parsers.checks import is_degenerate, tool_call_error
+from k3serve.chat.parsers.deltas import (
     ContentDelta,
     Delta,
     ParsedMessage,
@@ -13,9 +13,9 @@ from k3serve.server.chat.parsers.deltas import (
     ToolCallStart,
     collect,
 )
-from k3serve.server.chat.parsers.k2 import K2Parser
-from k3serve.server.chat.parsers.k3 import K3Parser
-from k3serve.server.chat.parsers.tool_ids import mint_tool_call_id
+from k3serve.chat.parsers.k2 import K2Parser
+from k3serve.chat.parsers.k3 import K3Parser
+from k3serve.chat.parsers.tool_ids import mint_tool_call_id
 
 __all__ = [
     "ContentDelta", "Delta", "K2Parser", "K3Parser", "ParsedMessage", "ReasoningDelta", "StreamParser",

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from k3serve.server.chat.request import (
+from k3serve.chat.request import (
     IMAGE,
     ChatOptions,
     call_function,
@@ -23,7 +23,7 @@ from k3serve.server.chat.request import (
     deep_sort,
     named_tool,
 )
-from k3serve.server.chat.segments import ImageSegment, Prompt, SegmentBuilder
+from k3serve.chat.segments import ImageSegment, Prompt, SegmentBuilder
 
 OPEN, CLOSE, SEP, END_OF_MSG = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
 IMAGE_PLACEHOLDER = "<|kimi_image_placeholder|>"
