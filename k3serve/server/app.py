@@ -14,11 +14,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-<<<<<<< HEAD
-from k3serve.server.access_log import AccessLog
-=======
 from k3serve.chat import chat_format_for
->>>>>>> i44-h7
+from k3serve.server.access_log import AccessLog
 from k3serve.server.anthropic import CountTokensRequest, MessagesRequest, messages_response, messages_stream
 from k3serve.server.chat_request import prepare_chat
 from k3serve.server.chat_serving import chat_response, chat_stream
