@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from k3serve.server.chat import K2_INSTRUCT, K3
+from k3serve.chat import K2_INSTRUCT, K3
 from k3serve.server.errors import APIError
 from k3serve.server.state import ServerConfig, ServerState
 from k3serve.tokenizer import Tokenizer
