@@ -10,6 +10,8 @@ batch, tokens past a request's own length are not counted). To give HF its best 
 output length before batching, and every batch size in ``--hf-batch-sizes`` is tried; the best is reported.
 
 Batch-1 decode tokens/s: one request (64-token prompt, 128 outputs), time from the first to the last token.
+The greedy outputs of each k3serve run are hashed (sha256 over the requests' token ids in request order), so two
+builds can be checked to generate the same tokens.
 
     python benchmarks/throughput.py --threads 1
 """
@@ -17,6 +19,8 @@ Batch-1 decode tokens/s: one request (64-token prompt, 128 outputs), time from t
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import random
 import tempfile
 import time
@@ -35,7 +39,8 @@ def workload(n: int, seed: int) -> list[tuple[list[int], int]]:
     return [([rng.randrange(2000) for _ in range(rng.randint(32, 512))], rng.randint(16, 256)) for _ in range(n)]
 
 
-def k3serve_run(path: Path, reqs: list[tuple[list[int], int]], *, max_num_seqs: int) -> tuple[float, int, LLMEngine]:
+def k3serve_run(path: Path, reqs: list[tuple[list[int], int]], *,
+                max_num_seqs: int) -> tuple[float, dict[str, list[int]], LLMEngine]:
     engine = LLMEngine(path, config=EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
                                                  kv_cache_memory=512 * 2**20, max_model_len=1024))
     engine.add_request("warmup", reqs[0][0][:32], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
@@ -45,10 +50,15 @@ def k3serve_run(path: Path, reqs: list[tuple[list[int], int]], *, max_num_seqs: 
     start = time.perf_counter()
     for i, (prompt, out_len) in enumerate(reqs):
         engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))
-    produced = 0
+    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(reqs))}
     while engine.has_unfinished_requests():
-        produced += sum(len(o.delta_token_ids) for o in engine.step())
-    return time.perf_counter() - start, produced, engine
+        for o in engine.step():
+            outputs[o.request_id] += o.delta_token_ids
+    return time.perf_counter() - start, outputs, engine
+
+
+def outputs_hash(outputs: dict[str, list[int]]) -> str:
+    return hashlib.sha256(json.dumps([outputs[str(i)] for i in range(len(outputs))]).encode()).hexdigest()[:16]
 
 
 def k3serve_batch1_decode(path: Path) -> float:
@@ -113,13 +123,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("kimi-linear-tiny", "k3-tiny"):
             path = write_random_checkpoint(name, Path(tmp) / name, seed=0, dtype=torch.float32)
-            wall, produced, engine = k3serve_run(path, reqs, max_num_seqs=args.num_requests)
-            assert produced == n_out, (produced, n_out)
+            wall, outputs, engine = k3serve_run(path, reqs, max_num_seqs=args.num_requests)
+            assert sum(map(len, outputs.values())) == n_out
             s = engine.stats()
             b1 = k3serve_batch1_decode(path)
             rows.append((name, "k3serve", "continuous", wall, n_out / wall, b1))
             print(f"{name} k3serve: {wall:.1f} s, {n_out / wall:.0f} output tok/s, batch-1 decode {b1:.1f} tok/s "
-                  f"({s.num_steps} steps, {s.num_preemptions} preemptions)")
+                  f"({s.num_steps} steps, {s.num_preemptions} preemptions), greedy outputs sha256 {outputs_hash(outputs)}")
             if name == "kimi-linear-tiny" and not args.skip_hf:
                 hf_b1 = hf_batch1_decode(path)
                 for bs in (int(x) for x in args.hf_batch_sizes.split(",")):
