@@ -157,16 +157,26 @@ def sample(logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
                           torch.tensor([reqs[i].params.top_k for i in rand], device=dev),
                           torch.tensor([reqs[i].params.top_p for i in rand], dtype=dt, device=dev),
                           torch.tensor([reqs[i].params.min_p for i in rand], dtype=dt, device=dev))
-        noise = torch.empty_like(x)
+        uniform = torch.empty(len(rand), dtype=torch.float64, device=dev)
         unseeded = [j for j, i in enumerate(rand) if reqs[i].generator is None]
         if unseeded:
-            noise[unseeded] = torch.empty(len(unseeded), x.shape[-1], dtype=dt, device=dev).exponential_()
+            uniform[unseeded] = torch.rand(len(unseeded), dtype=torch.float64, device=dev)
         for j, i in enumerate(rand):
             if reqs[i].generator is not None:  # a seeded row draws on the CPU generator: the same on any device
-                noise[j] = torch.empty(x.shape[-1], dtype=dt).exponential_(generator=reqs[i].generator).to(dev)
-        tokens[idx] = (x.softmax(dim=-1) / noise).argmax(dim=-1)
+                uniform[j] = float(torch.rand((), dtype=torch.float64, generator=reqs[i].generator))
+        tokens[idx] = inverse_cdf(x.softmax(dim=-1), uniform)
     token_list = tokens.tolist()
     return SampleResult(token_list, token_logprobs(raw, token_list, [r.params.logprobs for r in reqs]))
+
+
+def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs [M, V]`` for ``uniform [M]`` in [0, 1): the first token whose cumulative
+    probability (fp64, so rounding stays far below any probability that matters) exceeds ``uniform`` times the
+    row's total. One uniform per row instead of a noise value per vocabulary entry (the exponential race costs
+    ~15x more over 163,840 ids); zero-probability tokens are never drawn, the cumulative sum being flat there."""
+    cdf = probs.double().cumsum(dim=-1)
+    target = (uniform * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int], num_top: list[int | None]) -> list[dict[int, float] | None]:
