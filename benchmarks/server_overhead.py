@@ -184,14 +184,14 @@ class _FakeEngine:
     """Stands in for `EngineClient`: `step()` sends every open request its next token."""
 
     def __init__(self, tokens: int, requests: int):
-        from k3serve.server.messages import Ready, Stats
+        from k3serve.engine.messages import Ready, Stats
 
         self.ready = Ready(model_type="kimi_k3", vocab_size=163840, max_model_len=4096, eos_token_ids=[163586],
                            media_placeholder_token_id=None, stats=Stats())
         self.tokens, self.requests, self.streams, self.started = tokens, requests, {}, 0
 
     async def run(self) -> None:
-        from k3serve.server.messages import Output, Outputs, Stats, encode, from_engine_decoder
+        from k3serve.engine.messages import Output, Outputs, Stats, encode, from_engine_decoder
 
         while self.started < self.requests:  # every request is in before the first step
             await asyncio.sleep(0)
@@ -224,7 +224,7 @@ def per_token(n: int, tokens: int) -> int:
     from k3serve.server.chat_request import prepare_chat
     from k3serve.server.chat_serving import chat_response, chat_stream
     from k3serve.server.completion_serving import CompletionJob, completion_response
-    from k3serve.server.messages import Sampling
+    from k3serve.engine.sampling_params import SamplingParams
     from k3serve.server.metrics import Metrics
     from k3serve.server.protocol import ChatCompletionRequest
     from k3serve.server.state import ServerConfig, ServerState
@@ -240,7 +240,7 @@ def per_token(n: int, tokens: int) -> int:
     async def one_round(mode: str) -> None:
         st.client = engine = _FakeEngine(tokens, n)
         if mode == "completions":
-            job = CompletionJob([[1] * 64], [""], [Sampling(max_tokens=tokens)], 1, (), None, False, False, True, {})
+            job = CompletionJob([[1] * 64], [""], [SamplingParams(max_tokens=tokens)], None, False, False, True, {})
             work = [completion_response(st, job, "m") for _ in range(n)]
         else:
             req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=tokens,

@@ -1,7 +1,8 @@
 """``LLMEngine``: the synchronous engine core. ``step()`` = schedule a batch, run it, account for it, emit.
 
 Construction loads the model, sizes the MLA block pool and the KDA slot pool from one cache budget (the
-split is logged), and wires scheduler, prefix cache, model runner and the per-request detokenizers.
+split is logged), and wires scheduler, prefix cache and model runner. The engine handles token ids only:
+text (and stop strings) are its clients' job, through ``engine/detokenizer.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from torch import nn
 from k3serve.core.config import ModelConfig
 from k3serve.engine.block_pool import BlockPool
 from k3serve.engine.config import EngineConfig, check_device
-from k3serve.engine.detokenizer import IncrementalDetokenizer
 from k3serve.engine.logits_processor import LogitsProcessor
 from k3serve.engine.memory import CachePlan, keep_freed_memory, plan_cache, resolve_budget
 from k3serve.engine.model_runner import ModelRunner, StepResult
@@ -46,7 +46,7 @@ def load_tokenizer() -> Any | None:
 class LLMEngine:
     def __init__(self, model: str | Path | nn.Module, *, config: EngineConfig | None = None,
                  dtype: torch.dtype = torch.float32, model_config: ModelConfig | None = None,
-                 tokenizer: Any | None = None, device: str = "cpu"):
+                 device: str = "cpu"):
         check_device(device)
         if isinstance(model, nn.Module):
             if model_config is None:
@@ -59,7 +59,6 @@ class LLMEngine:
         if config.retain_freed_memory and torch.device(device).type == "cpu":
             keep_freed_memory()  # process-wide: no page faults on every step's large temporaries
         self.model_config = model_config
-        self.tokenizer = tokenizer
         text = model_config.text
         self.vocab_size = text.vocab_size
         self.eos_token_ids = tuple(text.eos_token_id)
@@ -84,7 +83,6 @@ class LLMEngine:
                                    state_cache_interval=config.state_cache_interval,
                                    blocks=self.blocks, states=self.states, cache=cache)
         self.runner = ModelRunner(model, caches, device, placeholder_id=model_config.media_placeholder_token_id)
-        self._detok: dict[str, IncrementalDetokenizer] = {}
         self._arrivals = 0
         self.num_steps = 0
         self.num_generated_tokens = 0
@@ -113,14 +111,7 @@ class LLMEngine:
                       max_model_len=self.max_model_len, arrival=self._arrivals, images=checked,
                       logits_processor=logits_processor)
         self._arrivals += 1
-        skip = frozenset(self.tokenizer.special_tokens.values()) if (
-            self.tokenizer is not None and params.skip_special_tokens) else frozenset()
         self.scheduler.add(req)
-        if self.tokenizer is not None:
-            self._detok[request_id] = IncrementalDetokenizer(self.tokenizer.decode_bytes, params.stop,
-                                                             params.include_stop_str_in_output, skip)
-        elif params.stop:
-            raise ValueError("stop: stop strings need a tokenizer (k3serve.tokenizer is not available)")
         return req
 
     def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -137,7 +128,7 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self.scheduler.abort(request_id)
-        return None if req is None else self._output(req, [], "")
+        return None if req is None else self._output(req, [])
 
     @property
     def supports_images(self) -> bool:
@@ -171,32 +162,13 @@ class LLMEngine:
             self.num_generated_tokens += 1
             if result.logprobs[i] is not None:
                 req.logprobs.append(result.logprobs[i])
-            outputs.append(self._output(req, [token], self._detokenize(req, token)))
+            outputs.append(self._output(req, [token]))
         return outputs
 
-    def _detokenize(self, req: Request, token: int) -> str:
-        detok = self._detok.get(req.request_id)
-        if detok is None:
-            return ""
-        stopped_by_token = req.is_finished and req.finish_reason == "stop"
-        delta = "" if stopped_by_token else detok.push([token])
-        if detok.stopped_on is not None:
-            req.stop_reason = detok.stopped_on
-            if req.is_finished:  # the same token also ended it by length: the stop string wins
-                req.finish_reason = "stop"
-            self.scheduler.finish(req, "stop")
-        elif req.is_finished:
-            delta += detok.flush()
-        return delta
-
-    def _output(self, req: Request, new_tokens: list[int], delta_text: str) -> RequestOutput:
-        detok = self._detok.get(req.request_id)
-        text = detok.text[:detok.emitted] if detok else ""
-        if req.is_finished:
-            self._detok.pop(req.request_id, None)
+    def _output(self, req: Request, new_tokens: list[int]) -> RequestOutput:
         return RequestOutput(
             request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, token_ids=req.output_token_ids,
-            text=text, delta_token_ids=new_tokens, delta_text=delta_text, finished=req.is_finished,
+            delta_token_ids=new_tokens, finished=req.is_finished,
             finish_reason=req.finish_reason, stop_reason=req.stop_reason,
             logprobs=req.logprobs if req.params.logprobs is not None else None,
             prompt_logprobs=req.prompt_logprobs if req.wants_prompt_logprobs else None,

@@ -6,23 +6,27 @@
     outs[0].token_ids, outs[0].text, outs[0].finish_reason
 
 Prompts are strings (encoded with the Kimi tokenizer) or token-id lists; ``params`` is one
-``SamplingParams`` for all prompts or a list with one per prompt. ``n > 1`` runs n sequences per prompt.
+``SamplingParams`` for all prompts or a list with one per prompt. ``n > 1`` runs n sequences per prompt
+(``fan_out``). Text, stop strings and the finish reason come from one ``SequenceDecoder`` per sequence; a
+stop string aborts the sequence in the engine at once.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from k3serve.engine.config import EngineConfig
+from k3serve.engine.detokenizer import SequenceDecoder
 from k3serve.engine.engine import LLMEngine, load_tokenizer
 from k3serve.engine.multimodal import ImageInput
 from k3serve.engine.outputs import CompletionGroup, RequestOutput
-from k3serve.engine.sampling_params import SamplingParams
+from k3serve.engine.sampling_params import SamplingParams, fan_out
 from k3serve.engine.stats import EngineStats
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -44,14 +48,10 @@ class LLM:
         unknown = sorted(set(engine_kwargs) - set(fields))
         if unknown:
             raise ValueError(f"{unknown[0]}: not an engine option (known: {', '.join(fields)})")
-        tok = load_tokenizer() if tokenizer == "auto" else tokenizer
+        self.tokenizer = load_tokenizer() if tokenizer == "auto" else tokenizer
         self.engine = LLMEngine(model, config=EngineConfig(**engine_kwargs), dtype=parse_dtype(dtype),
-                                tokenizer=tok, device=device)
+                                device=device)
         self._ids = itertools.count()
-
-    @property
-    def tokenizer(self) -> Any | None:
-        return self.engine.tokenizer
 
     def generate(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None, *,
@@ -66,27 +66,47 @@ class LLM:
         ilist = [()] * len(prompts) if images is None else list(images)
         if len(ilist) != len(prompts):
             raise ValueError(f"images: got {len(ilist)} image lists for {len(prompts)} prompts")
+        if self.tokenizer is None and any(p.stop for p in plist):
+            raise ValueError("stop: stop strings need a tokenizer (k3serve.tokenizer is not available)")
         groups: list[tuple[str, list[int], list[str]]] = []
+        decoders: dict[str, SequenceDecoder] = {}
         for prompt, p, imgs in zip(prompts, plist, ilist):
             ids = self._encode(prompt)
             gid = str(next(self._ids))
-            sub = [gid if p.n == 1 else f"{gid}-{k}" for k in range(p.n)]
-            for rid, k in zip(sub, range(p.n)):
-                self.engine.add_request(rid, ids, p.for_sample(k) if p.n > 1 else p, images=imgs)
-            groups.append((gid, ids, sub))
-        done = self._run_to_completion()
+            samples = fan_out(gid, p)
+            for rid, sp in samples:
+                self.engine.add_request(rid, ids, sp, images=imgs)
+                if self.tokenizer is not None:
+                    decoders[rid] = self._decoder(sp)
+            groups.append((gid, ids, [rid for rid, _ in samples]))
+        done = self._run_to_completion(decoders)
         return [CompletionGroup(gid, ids, [done[r] for r in sub]) for gid, ids, sub in groups]
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
-    def _run_to_completion(self) -> dict[str, RequestOutput]:
+    def _decoder(self, p: SamplingParams) -> SequenceDecoder:
+        tok = self.tokenizer
+        skip = frozenset(tok.special_tokens.values()) if p.skip_special_tokens else frozenset()
+        return SequenceDecoder(tok.decode_bytes, stop=p.stop, include_stop=p.include_stop_str_in_output,
+                               skip_ids=skip, eos_ids=self.engine.eos_token_ids)
+
+    def _run_to_completion(self, decoders: dict[str, SequenceDecoder]) -> dict[str, RequestOutput]:
         done: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests():
             outs = self.engine.step()
             if not outs and self.engine.stats().num_running == 0:
                 raise RuntimeError("the engine made no progress (a waiting request cannot be scheduled)")
-            done.update((o.request_id, o) for o in outs if o.finished)
+            for o in outs:
+                dec = decoders.get(o.request_id)
+                if dec is not None:
+                    dec.push(o.delta_token_ids, o.finished, o.finish_reason, o.stop_reason)
+                    if dec.done and not o.finished:  # a stop string: end the sequence before the next step
+                        o = self.engine.abort_request(o.request_id)
+                    if o.finished:
+                        o = replace(o, text=dec.text, finish_reason=dec.finish_reason, stop_reason=dec.stop_reason)
+                if o.finished:
+                    done[o.request_id] = o
         return done
 
     @staticmethod
@@ -100,10 +120,10 @@ class LLM:
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
-            if self.engine.tokenizer is None:
+            if self.tokenizer is None:
                 raise ValueError("prompt: string prompts need a tokenizer (k3serve.tokenizer is not available); "
                                  "pass token ids")
-            ids = [int(t) for t in self.engine.tokenizer.encode(prompt)]
+            ids = [int(t) for t in self.tokenizer.encode(prompt)]
             bad = [t for t in ids if t >= self.engine.vocab_size]
             if bad:
                 raise ValueError(f"prompt: {prompt[:40]!r} encodes to token id {bad[0]}, outside this model's "

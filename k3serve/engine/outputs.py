@@ -11,16 +11,14 @@ class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]  # all output tokens so far
-    text: str  # all output text emitted so far
+    text: str = ""  # the finished sequence's text (filled by ``LLM`` from its SequenceDecoder; the engine has none)
     delta_token_ids: list[int] = field(default_factory=list)  # new in this step
-    delta_text: str = ""
     finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    finish_reason: str | None = None  # "stop" | "length" | "abort" (LLM: a stop string's "stop" too)
+    stop_reason: int | str | None = None  # the stop token id (LLM: or stop string) that ended it
     logprobs: list[dict[int, float]] | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    index: int = 0  # which of the request's n samples (AsyncLLM.generate with n > 1)
 
 
 @dataclass

@@ -1,11 +1,16 @@
 """Per-request sampling parameters (vLLM-compatible names), validated at construction.
 
-Every invalid value raises one ``ValueError`` whose message starts with the field's name.
+``SamplingParams`` is a frozen ``msgspec.Struct``: the same object the offline ``LLM`` takes crosses the
+process boundary to the engine core inside ``AddRequest`` (``engine/messages.py``), and decoding it runs the
+same checks. Every invalid value raises one ``ValueError`` whose message starts with the field's name.
+``stop`` strings travel as data; the engine never looks at them (text is ``engine/detokenizer.py``'s job).
+
+``fan_out`` is the one place where ``n`` samples of a request become ``n`` engine requests.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import msgspec
 
 
 def _check(cond: bool, name: str, msg: str) -> None:
@@ -21,8 +26,7 @@ def _is_num(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-@dataclass(frozen=True)
-class SamplingParams:
+class SamplingParams(msgspec.Struct, frozen=True):
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -44,11 +48,11 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
+            msgspec.structs.force_setattr(self, "stop", (self.stop,))
         elif isinstance(self.stop, list):
-            object.__setattr__(self, "stop", tuple(self.stop))
+            msgspec.structs.force_setattr(self, "stop", tuple(self.stop))
         if isinstance(self.stop_token_ids, list):
-            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+            msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
         _check(_is_int(self.n) and self.n >= 1, "n", f"must be an int >= 1, got {self.n!r}")
         _check(_is_num(self.temperature) and 0 <= self.temperature < float("inf"), "temperature",
                f"must be a finite number >= 0, got {self.temperature!r}")
@@ -87,5 +91,16 @@ class SamplingParams:
 
     def for_sample(self, index: int) -> SamplingParams:
         """The params of the ``index``-th of ``n`` parallel samples: n=1, and a distinct derived seed."""
-        seed = None if self.seed is None else self.seed + index * 1_000_003
-        return replace(self, n=1, seed=seed)
+        seed = None if self.seed is None else self.seed + index * SEED_STRIDE
+        return msgspec.structs.replace(self, n=1, seed=seed)
+
+
+SEED_STRIDE = 1_000_003  # sample k of a seeded request runs with seed + k * SEED_STRIDE
+
+
+def fan_out(request_id: str, params: SamplingParams) -> list[tuple[str, SamplingParams]]:
+    """The engine requests ``(id, params)`` of ``params.n`` samples: ``request_id`` itself when n = 1, else
+    ``<request_id>-<k>`` with ``params.for_sample(k)``. The offline ``LLM`` and the server both use this."""
+    if params.n == 1:
+        return [(request_id, params)]
+    return [(f"{request_id}-{k}", params.for_sample(k)) for k in range(params.n)]

@@ -188,7 +188,7 @@ async def _serve(app, args: argparse.Namespace, sock: socket.socket, stopped: li
 
     from k3serve.core.process import on_stop_signals
     from k3serve.server.app import start_state
-    from k3serve.server.engine_client import EngineDead
+    from k3serve.engine.client import EngineDead
 
     state = app.state.k3
     loop, task = asyncio.get_running_loop(), asyncio.current_task()

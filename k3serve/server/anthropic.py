@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from k3serve.chat.parsers import ContentDelta, ReasoningDelta, ToolCallArgs, ToolCallStart
+from k3serve.engine.client import EngineDead
 from k3serve.server.chat_request import ChatJob
 from k3serve.server.chat_serving import _decoders
-from k3serve.server.engine_client import EngineDead
 from k3serve.server.generation import new_id, run_choices
 from k3serve.server.protocol import ChatCompletionRequest
 from k3serve.server.state import ServerState

@@ -15,12 +15,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from k3serve.chat import chat_format_for
+from k3serve.engine.client import EngineClient, EngineDead
 from k3serve.server.access_log import AccessLog
 from k3serve.server.anthropic import CountTokensRequest, MessagesRequest, messages_response, messages_stream
 from k3serve.server.chat_request import prepare_chat
 from k3serve.server.chat_serving import chat_response, chat_stream
 from k3serve.server.completion_serving import completion_response, completion_stream, prepare_completion
-from k3serve.server.engine_client import EngineClient, EngineDead
 from k3serve.server.errors import error_response, install_handlers
 from k3serve.server.generation import EventStream, until_disconnected
 from k3serve.server.metrics import Metrics

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from k3serve.chat import ChatOptions, Prompt
+from k3serve.engine.messages import ImageData
+from k3serve.engine.sampling_params import SamplingParams
 from k3serve.models.vision_preprocess import K3_MEDIA_PROC, K25_MEDIA_PROC, num_image_tokens
 from k3serve.server.grammars import all_strict, check_grammar, json_grammar, strict_tools_grammar, tool_call_grammar
 from k3serve.server.media import engine_images, expand_media_spans, image_parts, load_images
-from k3serve.server.messages import ImageData, Sampling
 from k3serve.server.protocol import ChatCompletionRequest
 from k3serve.server.state import ServerState
 
@@ -22,9 +23,7 @@ class ChatJob:
     prompt: Prompt
     prompt_ids: list[int]
     usage_prompt_tokens: int  # kimi contract: without the generation-channel stub (§3.3)
-    sampling: Sampling
-    n: int
-    stop: tuple[str, ...]
+    sampling: SamplingParams  # n choices, stop strings (applied to content, `chat.cutoffs`)
     tools: list[dict[str, Any]]
     grammar: str | None
     logit_bias: dict[int, float]
@@ -82,7 +81,7 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
     if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
         raise ValueError("parallel_tool_calls: must be a boolean")
     include_usage = req.check_stream_options()
-    stop = req.stop_strings()
+    req.stop_strings()  # checked here, before the prompt, as the errors' order has always been
     if image_parts(req.messages) and not state.client.ready.supports_images:
         raise ValueError(f"messages: model {state.config.names[0]!r} takes text only (it has no vision tower); "
                          "remove the image parts")
@@ -108,7 +107,7 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
                                       max_model_len=state.max_model_len)
     pixels = await engine_images(images, spans, media)
     return ChatJob(prompt=prompt, prompt_ids=ids, usage_prompt_tokens=len(ids) - stub, sampling=sampling,
-                   n=req.n or 1, stop=stop, tools=tools, grammar=grammar,
+                   tools=tools, grammar=grammar,
                    logit_bias=req.logit_bias_ids(state.contract), top_logprobs=req.logprob_count(),
                    include_usage=include_usage, one_call=req.parallel_tool_calls is False and bool(tools),
                    images=pixels)

@@ -13,18 +13,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from k3serve.chat.parsers import ReasoningDelta
-from k3serve.core.errors import error_body
 from k3serve.server.chat_request import ChatJob
+from k3serve.core.errors import error_body
+from k3serve.engine.client import EngineDead
 from k3serve.server.choice import ChoiceDecoder
-from k3serve.server.engine_client import EngineDead
 from k3serve.server.generation import SSE_DONE, Timer, new_id, run_choices, sse, usage
 from k3serve.server.state import ServerState
 
 
 def _decoders(state: ServerState, job: ChatJob) -> list[ChoiceDecoder]:
-    return [ChoiceDecoder(k, state.tokenizer.decode_bytes, stop=job.stop,
+    return [ChoiceDecoder(k, state.tokenizer.decode_bytes, stop=job.sampling.stop,
                           parser=state.fmt.new_parser(job.prompt, job.tools or None),
-                          eos_ids=state.client.ready.eos_token_ids, one_call=job.one_call) for k in range(job.n)]
+                          eos_ids=state.client.ready.eos_token_ids, one_call=job.one_call) for k in range(job.sampling.n)]
 
 
 def _reasoning_tokens(state: ServerState, dec: ChoiceDecoder) -> int:
@@ -75,8 +75,8 @@ async def chat_stream(state: ServerState, job: ChatJob, model: str) -> AsyncIter
         return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "choices": [choice], "usage": None})
 
-    reasoning = [False] * job.n
-    for k in range(job.n):
+    reasoning = [False] * job.sampling.n
+    for k in range(job.sampling.n):
         yield frame(k, {"role": "assistant", "content": ""})
     try:
         async for k, deltas, lps in run_choices(state.client, rid, job.prompt_ids, job.sampling, decs,

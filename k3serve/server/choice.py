@@ -1,5 +1,6 @@
 """One generated sequence on its way back to the client: engine token ids -> text -> parser deltas
-(chat) or raw text (completions), plus its logprobs and finish reason.
+(chat) or raw text (completions), plus its logprobs and finish reason. The ids -> text step and the
+finish reason are the engine's `SequenceDecoder` (`engine/detokenizer.py`), the same as the offline `LLM`'s.
 
 Stop strings: a completion matches them on the raw text (the detokenizer); a chat answer on its
 user-visible content only, after the parser (`server.cutoffs`), so reasoning and tool-call markup never
@@ -10,14 +11,13 @@ the caller then closes the engine stream, which aborts the request).
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from k3serve.chat.parsers import ContentDelta, Delta, ParsedMessage, StreamParser, ToolCallStart, collect
-from k3serve.engine.detokenizer import IncrementalDetokenizer
+from k3serve.engine.detokenizer import SequenceDecoder
+from k3serve.engine.messages import Output
 from k3serve.server.cutoffs import Cutoff
-from k3serve.server.messages import Output
 
 
 def token_str(decode_bytes: Callable[[list[int]], bytes], token_id: int) -> tuple[str, list[int]]:
@@ -27,7 +27,8 @@ def token_str(decode_bytes: Callable[[list[int]], bytes], token_id: int) -> tupl
 
 class ChoiceDecoder:
     """`parser` None = raw text (completions, `stop` on the raw text); with a parser, `stop` applies
-    to content and `one_call` keeps at most one tool call. `skip_ids` are dropped before decoding."""
+    to content and `one_call` keeps at most one tool call. `skip_ids` are dropped before decoding.
+    Text and the finish reason come from the engine's `SequenceDecoder`; a content cut is handed to it."""
 
     def __init__(self, index: int, decode_bytes: Callable[[list[int]], bytes], *, stop: Sequence[str] = (),
                  parser: StreamParser | None = None, skip_ids: frozenset[int] = frozenset(),
@@ -35,32 +36,27 @@ class ChoiceDecoder:
         self.index = index
         self._decode_bytes = decode_bytes
         self.parser = parser
-        if parser is None:
-            self._detok: IncrementalDetokenizer | None = IncrementalDetokenizer(decode_bytes, stop, False, skip_ids)
-            self._cut = None
-        else:
-            self._detok = None
-            self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            cut = Cutoff(stop, one_call=one_call)
-            self._cut = cut if cut.active else None
-        self._eos = frozenset(eos_ids)
+        self.seq = SequenceDecoder(decode_bytes, stop=stop if parser is None else (), skip_ids=skip_ids,
+                                   eos_ids=eos_ids)
+        cut = Cutoff(stop, one_call=one_call) if parser is not None else None
+        self._cut = cut if cut is not None and cut.active else None
         self.deltas: list[Delta] = []
-        self._pieces: list[str] = []
         self.num_tokens = 0
         self.step_tokens = 0  # token ids in the last engine step (its text may be empty)
         self.num_prompt_tokens = 0
         self.num_cached_tokens = 0
         self.num_calls = 0
         self.logprobs: list[tuple[int, dict[int, float]]] = []
-        self.finish_reason: str | None = None
         self.done = False
 
     @property
     def text(self) -> str:
         """The raw text so far (completions)."""
-        if len(self._pieces) > 1:
-            self._pieces = ["".join(self._pieces)]
-        return self._pieces[0] if self._pieces else ""
+        return self.seq.text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.seq.finish_reason
 
     def push(self, out: Output) -> tuple[list[Delta] | str, list[tuple[int, dict[int, float]]]]:
         """New deltas (or raw text without a parser) and the logprobs of this step's tokens."""
@@ -72,29 +68,14 @@ class ChoiceDecoder:
         lps = list(zip(ids, out.logprobs)) if out.logprobs else []
         if lps:
             self.logprobs += lps
-        # the stop token is consumed as the stop, never shown (chat_format_examples.md §9)
-        if out.finished and out.finish_reason == "stop" and ids and (ids[-1] in self._eos or
-                                                                     ids[-1] == out.stop_reason):
-            ids = ids[:-1]
+        text = self.seq.push(ids, out.finished, out.finish_reason, out.stop_reason)
         if self.parser is None:
-            return self._push_text(out, ids), lps
-        return self._push_chat(out, ids), lps
+            self.done = self.seq.done
+            return text, lps
+        return self._push_chat(out, text), lps
 
-    def _push_text(self, out: Output, ids: Sequence[int]) -> str:
-        detok = self._detok
-        text = detok.push(ids)
-        if detok.stopped_on is not None:
-            self.finish_reason, self.done = "stop", True
-        elif out.finished:
-            text += detok.flush()
-            self.finish_reason, self.done = out.finish_reason or "stop", True
-        if text:
-            self._pieces.append(text)
-        return text
-
-    def _push_chat(self, out: Output, ids: Sequence[int]) -> list[Delta]:
+    def _push_chat(self, out: Output, text: str) -> list[Delta]:
         parser = self.parser
-        text = self._utf8.decode(self._decode_bytes(ids) if ids else b"", final=out.finished)
         deltas = parser.feed(text) if text else []
         if out.finished:
             deltas += parser.finish()
@@ -102,11 +83,10 @@ class ChoiceDecoder:
         if cut is not None:
             deltas = cut.push(deltas, parser.calls_finished)
             if cut.done:
-                self.finish_reason, self.done = "stop", True
+                self.seq.cut(cut.stopped_on)
             elif out.finished:
                 deltas += cut.flush()
-        if out.finished and not self.done:
-            self.finish_reason, self.done = out.finish_reason or "stop", True
+        self.done = self.seq.done
         for d in deltas:
             if type(d) is ToolCallStart:
                 self.num_calls += 1
@@ -115,7 +95,9 @@ class ChoiceDecoder:
 
     @property
     def stopped_on(self) -> str | None:
-        return self._detok.stopped_on if self._detok is not None else self._cut and self._cut.stopped_on
+        """The stop string that ended the choice (on the raw text, or on the content)."""
+        reason = self.seq.stop_reason
+        return reason if isinstance(reason, str) else None
 
     def message(self) -> ParsedMessage:
         return collect(self.deltas)

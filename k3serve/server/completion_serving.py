@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3serve.core.errors import error_body
+from k3serve.engine.client import EngineBusy, EngineDead
+from k3serve.engine.sampling_params import SamplingParams, fan_out
 from k3serve.server.choice import ChoiceDecoder, token_str
-from k3serve.server.engine_client import EngineBusy, EngineDead
-from k3serve.server.generation import SSE_DONE, Timer, choice_sampling, new_id, run_requests, sse, usage
-from k3serve.server.messages import Sampling
+from k3serve.server.generation import SSE_DONE, Timer, new_id, run_requests, sse, usage
 from k3serve.server.protocol import CompletionRequest
 from k3serve.server.state import ServerState
 
@@ -21,14 +21,16 @@ from k3serve.server.state import ServerState
 class CompletionJob:
     prompts: list[list[int]]
     texts: list[str]
-    samplings: list[Sampling]
-    n: int
-    stop: tuple[str, ...]
+    samplings: list[SamplingParams]  # one per prompt (their budgets differ), the same n and stop strings
     logprobs: int | None
     echo: bool
     include_usage: bool
     skip_special: bool
     logit_bias: dict[int, float]
+
+    @property
+    def n(self) -> int:
+        return self.samplings[0].n
 
 
 def prepare_completion(state: ServerState, req: CompletionRequest) -> CompletionJob:
@@ -50,20 +52,20 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Completion
                  for ids in prompts]
     # every prompt's choices run at once (completion_stream): admit them all or none
     state.client.check_admission(len(prompts) * (req.n or 1))
-    return CompletionJob(prompts, texts, samplings, req.n or 1, req.stop_strings(), req.logprobs, req.echo,
+    return CompletionJob(prompts, texts, samplings, req.logprobs, req.echo,
                          include_usage, req.skip_special_tokens, req.logit_bias_ids(state.contract))
 
 
 def _decoders(state: ServerState, job: CompletionJob) -> list[ChoiceDecoder]:
     """One decoder per choice of every prompt; choice j = prompt j // n, its k = j % n (the response index)."""
     skip = frozenset(state.tokenizer.special_tokens.values()) if job.skip_special else frozenset()
-    return [ChoiceDecoder(j, state.tokenizer.decode_bytes, stop=job.stop, skip_ids=skip,
+    return [ChoiceDecoder(j, state.tokenizer.decode_bytes, stop=job.samplings[0].stop, skip_ids=skip,
                           eos_ids=state.client.ready.eos_token_ids) for j in range(len(job.prompts) * job.n)]
 
 
-def _requests(rid: str, job: CompletionJob) -> list[tuple[str, list[int], Sampling]]:
-    return [(f"{rid}-{i}-{k}", ids, choice_sampling(sampling, k, job.n))
-            for i, (ids, sampling) in enumerate(zip(job.prompts, job.samplings)) for k in range(job.n)]
+def _requests(rid: str, job: CompletionJob) -> list[tuple[str, list[int], SamplingParams]]:
+    return [(sub, ids, params) for i, (ids, sampling) in enumerate(zip(job.prompts, job.samplings))
+            for sub, params in fan_out(f"{rid}-{i}", sampling)]
 
 
 class _Batch:

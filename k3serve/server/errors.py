@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from k3serve.core.errors import error_body
-from k3serve.server.engine_client import EngineBusy, EngineDead
+from k3serve.engine.client import EngineBusy, EngineDead
 
 log = logging.getLogger("k3serve.server")
 

@@ -1,8 +1,8 @@
 """Running engine requests at once and merging their steps into one stream: the n choices of one
 prompt, or every choice of every prompt of a `/v1/completions` batch.
 
-Each choice is its own engine request (`<id>-<k>`, seed + k·1000003 when seeded, as the offline
-engine does). Leaving the merged iterator early (client gone, stop string, error) closes every
+Each choice is its own engine request, from the engine's one `n` fan-out (`sampling_params.fan_out`, which
+the offline `LLM` uses too). Leaving the merged iterator early (client gone, stop string, error) closes every
 choice's engine stream, which aborts the request in the engine.
 """
 
@@ -19,11 +19,10 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from k3serve.engine.sampling_params import SamplingParams, fan_out
 from k3serve.server.choice import ChoiceDecoder
-from k3serve.server.messages import Sampling
 
 T = TypeVar("T")
-SEED_STRIDE = 1_000_003
 _END = object()
 
 
@@ -31,23 +30,16 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"
 
 
-def choice_sampling(sampling: Sampling, k: int, n: int) -> Sampling:
-    if n == 1 or sampling.seed is None:
-        return sampling
-    return msgspec.structs.replace(sampling, seed=sampling.seed + k * SEED_STRIDE)
-
-
-def run_choices(client, request_id: str, prompt_ids: list[int], sampling: Sampling,
+def run_choices(client, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                 decoders: Sequence[ChoiceDecoder], *, grammar: str | None = None,
                 logit_bias: dict[int, float] | None = None,
                 images: Sequence[Any] = ()) -> AsyncIterator[tuple[int, Any, list]]:
-    """Yield `(choice index, deltas or text, logprobs)` per engine step of any choice."""
-    n = len(decoders)
-    requests = [(f"{request_id}-{k}", prompt_ids, choice_sampling(sampling, k, n)) for k in range(n)]
+    """Yield `(choice index, deltas or text, logprobs)` per engine step of any of `sampling.n` choices."""
+    requests = [(rid, prompt_ids, params) for rid, params in fan_out(request_id, sampling)]
     return run_requests(client, requests, decoders, grammar=grammar, logit_bias=logit_bias, images=images)
 
 
-async def run_requests(client, requests: Sequence[tuple[str, list[int], Sampling]],
+async def run_requests(client, requests: Sequence[tuple[str, list[int], SamplingParams]],
                        decoders: Sequence[ChoiceDecoder], *, grammar: str | None = None,
                        logit_bias: dict[int, float] | None = None,
                        images: Sequence[Any] = ()) -> AsyncIterator[tuple[int, Any, list]]:

@@ -28,7 +28,6 @@ OPEN, CLOSE, SEP, EOM = "<[163587]>", "<[163588]>", "<[163589]>", "<[163586]>"
 SECTION_BEGIN, SECTION_END = "<[163595]>", "<[163596]>"
 CALL_BEGIN, ARG_BEGIN, CALL_END = "<[163597]>", "<[163598]>", "<[163599]>"
 THINK_OPEN, THINK_CLOSE = "<[163606]>", "<[163607]>"
-MIN_VOCAB = 163840  # grammars name the Kimi special ids; smaller vocabularies cannot hold them
 
 _COMPACT = {"whitespace_flexible": False}
 

@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 
 from PIL import Image, UnidentifiedImageError
 
+from k3serve.engine.messages import ImageData
 from k3serve.models.vision_preprocess import MediaProcConfig
-from k3serve.server.messages import ImageData
 
 MEDIA_PAD_ID = 163605
 

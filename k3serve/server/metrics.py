@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from k3serve.server.messages import Stats
+from k3serve.engine.messages import Stats
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 

@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic: they also make `/openapi.json`).
 
 Field shapes are checked by pydantic; value rules (the request contract) by `to_sampling_params`,
-which raises ValueError naming the field (HTTP 400). Two contracts:
+which builds the engine's own `SamplingParams` (stop strings and `n` included) and raises ValueError
+naming the field (HTTP 400). Two contracts:
   * `kimi`   — Moonshot's K3 API as Kimi Vendor Verifier checks it: sampling is fixed
                (temperature 0, 0.6 or 1.0; top_p 0.95; penalties 0; n 1), other values are 400s.
   * `openai` — the full OpenAI parameter space (n > 1, penalties, logit_bias, ...).
@@ -13,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from k3serve.server.messages import Sampling
+from k3serve.engine.sampling_params import SamplingParams
 
 KIMI_TEMPERATURES = (0.0, 0.6, 1.0)
 KIMI_TOP_P = 0.95
@@ -71,7 +72,7 @@ class SamplingFields(_Body):
         return room if requested is None else min(requested, room)
 
     def sampling(self, contract: str, *, thinking: bool, max_tokens: int | None, prompt_len: int,
-                 max_model_len: int, logprobs: int | None) -> Sampling:
+                 max_model_len: int, logprobs: int | None) -> SamplingParams:
         n = 1 if self.n is None else self.n
         if contract == "kimi":
             temperature = self.temperature
@@ -98,14 +99,14 @@ class SamplingFields(_Body):
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed: must be in [0, 2**63), got {self.seed}")
         try:
-            return Sampling(
-                temperature=float(temperature), top_p=float(top_p), top_k=self.top_k or 0,
+            return SamplingParams(
+                n=n, stop=self.stop_strings(), temperature=float(temperature), top_p=float(top_p), top_k=self.top_k or 0,
                 min_p=self.min_p or 0.0, seed=self.seed, stop_token_ids=list(self.stop_token_ids or []),
                 max_tokens=self._budget(max_tokens, prompt_len, max_model_len), min_tokens=self.min_tokens or 0,
                 ignore_eos=bool(self.ignore_eos), presence_penalty=self.presence_penalty or 0.0,
                 frequency_penalty=self.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-                logprobs=logprobs).checked()
+                logprobs=logprobs)
         except TypeError as e:
             raise ValueError(str(e)) from None
 
@@ -175,7 +176,7 @@ class ChatCompletionRequest(SamplingFields):
                 raise ValueError(f"top_logprobs: must be in [0, 20], got {self.top_logprobs}")
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def to_sampling_params(self, contract: str, *, thinking: bool, prompt_len: int, max_model_len: int) -> Sampling:
+    def to_sampling_params(self, contract: str, *, thinking: bool, prompt_len: int, max_model_len: int) -> SamplingParams:
         return self.sampling(contract, thinking=thinking, max_tokens=self.completion_budget(), prompt_len=prompt_len,
                              max_model_len=max_model_len, logprobs=self.logprob_count())
 
@@ -187,7 +188,7 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     skip_special_tokens: bool = True
 
-    def to_sampling_params(self, contract: str, *, prompt_len: int, max_model_len: int) -> Sampling:
+    def to_sampling_params(self, contract: str, *, prompt_len: int, max_model_len: int) -> SamplingParams:
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs: must be in [0, 20], got {self.logprobs}")
         if self.suffix:

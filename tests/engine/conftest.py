@@ -37,11 +37,11 @@ def random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
     return [torch.randint(0, 2000, (k,), generator=g).tolist() for k in lens]
 
 
-def make_engine(tiny, tokenizer=None, **cfg) -> LLMEngine:
+def make_engine(tiny, **cfg) -> LLMEngine:
     model, config = tiny
     cfg.setdefault("kv_cache_memory", 32 * 2**20)
     cfg.setdefault("max_model_len", 256)
-    return LLMEngine(model, model_config=config, config=EngineConfig(**cfg), tokenizer=tokenizer)
+    return LLMEngine(model, model_config=config, config=EngineConfig(**cfg))
 
 
 def drain(engine: LLMEngine) -> dict[str, object]:

@@ -1,4 +1,5 @@
-"""Offline ``LLM`` API, the async API (streaming, abort), abort leaks on the real engine, and bad input."""
+"""Offline ``LLM`` API, the async client of the engine-core process (streaming, abort, the ``n`` fan-out),
+abort leaks on the real engine, and bad input."""
 
 from __future__ import annotations
 
@@ -8,12 +9,23 @@ import random
 import pytest
 
 from k3serve import LLM, SamplingParams
-from k3serve.engine.async_engine import AsyncLLM
+from k3serve.engine.client import EngineClient
+from k3serve.engine.sampling_params import fan_out
+
+ENGINE = {"model": "kimi-linear-tiny-random", "dtype": "float32", "kv_cache_memory": 16 * 2**20,
+          "max_model_len": 512}
 
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(model="kimi-linear-tiny-random", dtype="float32", kv_cache_memory=16 * 2**20, max_model_len=512)
+    return LLM(model=ENGINE["model"], dtype="float32", kv_cache_memory=16 * 2**20, max_model_len=512)
+
+
+async def _idle(client: EngineClient) -> None:
+    for _ in range(500):  # up to 10 s: an abort lands on the engine loop, slow on a loaded CI box
+        if client.stats.num_running == 0 and client.stats.num_waiting == 0:
+            return
+        await asyncio.sleep(0.02)
 
 
 def test_generate_ids_and_strings(llm):
@@ -78,33 +90,30 @@ def test_random_aborts_on_the_real_engine_leave_pools_full(llm):
 
 def test_async_stream_and_abort(llm):
     async def main():
-        engine = AsyncLLM(llm.engine)
+        client = EngineClient(dict(ENGINE))
+        await client.start()
         params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
         try:
-            async def collect(prompt):
-                deltas = [o async for o in engine.generate(prompt, params)]
-                assert deltas[-1].finished and sum(len(d.delta_token_ids) for d in deltas) == 10
-                return deltas[-1].token_ids
+            async def collect(rid, prompt):
+                outs = [o async for o in client.generate(rid, prompt, params)]
+                assert outs[-1].finished and outs[-1].finish_reason == "length"
+                return [t for o in outs for t in o.token_ids]
 
             async def abort_early():
                 got = 0
-                async for out in engine.generate([9, 9, 9], SamplingParams(max_tokens=200, ignore_eos=True),
-                                                 request_id="gone"):
+                async for _ in client.generate("gone", [9, 9, 9], SamplingParams(max_tokens=200, ignore_eos=True)):
                     got += 1
                     if got == 2:
                         break  # closing the iterator aborts the request
                 return got
 
-            a, b, n = await asyncio.gather(collect([1, 2, 3, 4]), collect([100, 200]), abort_early())
+            a, b, n = await asyncio.gather(collect("a", [1, 2, 3, 4]), collect("b", [100, 200]), abort_early())
             with pytest.raises(ValueError, match="^prompt:"):
-                await anext(engine.generate([], params))
-            for _ in range(500):  # up to 10 s: the abort lands on the engine loop, slow on a loaded CI box
-                if engine.stats().num_running == 0:
-                    break
-                await asyncio.sleep(0.02)
-            return a, b, n, engine.stats()
+                await anext(client.generate("empty", [], params))
+            await _idle(client)
+            return a, b, n, client.stats
         finally:
-            engine.shutdown()
+            await client.shutdown()
 
     a, b, n, stats = asyncio.run(main())
     sync = llm.generate([[1, 2, 3, 4], [100, 200]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
@@ -128,29 +137,39 @@ def test_stop_string_through_the_engine(llm):
     assert len(out.token_ids) < len(full.token_ids)
 
 
-def test_async_n_samples(llm):
+def test_fan_out_is_the_offline_n():
+    """One expansion of n: ids and derived seeds, the same for the server and the offline LLM."""
+    p = SamplingParams(n=3, seed=5, max_tokens=4)
+    subs = fan_out("g", p)
+    assert [rid for rid, _ in subs] == ["g-0", "g-1", "g-2"]
+    assert [sp.seed for _, sp in subs] == [p.for_sample(k).seed for k in range(3)] and all(sp.n == 1 for _, sp in subs)
+    assert fan_out("g", SamplingParams(seed=5)) == [("g", SamplingParams(seed=5))]
+
+
+def test_client_n_samples_match_the_offline_llm(llm):
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6, ignore_eos=True)
 
     async def main():
-        engine = AsyncLLM(llm.engine)
+        client = EngineClient(dict(ENGINE))
+        await client.start()
         try:
-            deltas = [o async for o in engine.generate([5, 6, 7], params, request_id="g")]
+            async def one(rid, sp):
+                return [t async for o in client.generate(rid, [5, 6, 7], sp) for t in o.token_ids]
+
+            samples = await asyncio.gather(*(one(rid, sp) for rid, sp in fan_out("g", params)))
             got = 0
-            async for _ in engine.generate([5, 6, 7], SamplingParams(n=2, max_tokens=50, ignore_eos=True)):
+            async for _ in client.generate("h-0", [5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True)):
                 got += 1
                 if got == 3:
-                    break  # closing aborts both samples
-            for _ in range(500):  # up to 10 s: the abort lands on the engine loop, slow on a loaded CI box
-                if engine.stats().num_running == 0:
-                    break
-                await asyncio.sleep(0.02)
-            return deltas, engine.stats()
+                    break  # closing aborts it
+            with pytest.raises(ValueError, match="^n:"):
+                await anext(client.generate("whole", [5, 6, 7], params))  # the engine takes one sample a request
+            await _idle(client)
+            return samples, client.stats
         finally:
-            engine.shutdown()
+            await client.shutdown()
 
-    deltas, stats = asyncio.run(main())
-    final = {d.index: d.token_ids for d in deltas if d.finished}
-    assert sorted(final) == [0, 1, 2] and sum(d.finished for d in deltas) == 3
-    assert [final[k] for k in range(3)] == [o.token_ids for o in llm.generate([[5, 6, 7]], params)[0].outputs]
-    assert len(set(map(tuple, final.values()))) > 1  # distinct derived seeds
+    samples, stats = asyncio.run(main())
+    assert samples == [o.token_ids for o in llm.generate([[5, 6, 7]], params)[0].outputs]
+    assert len(set(map(tuple, samples))) > 1  # distinct derived seeds
     assert stats.num_running == 0 and stats.num_blocks_used == 0

@@ -1,4 +1,5 @@
-"""Incremental detokenization: whole UTF-8 characters only, stop strings across token boundaries never leak.
+"""Incremental detokenization: whole UTF-8 characters only, stop strings across token boundaries never leak;
+``SequenceDecoder``, the one owner of a sequence's text and finish reason.
 
 Tested with the Kimi vocabulary through tiktoken (the package's copy of shared/tokenizers/kimi/tiktoken.model), and with a
 byte-level toy vocabulary where every token is one byte (the worst case for split characters)."""
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k3serve.engine.detokenizer import IncrementalDetokenizer
+from k3serve.engine.detokenizer import IncrementalDetokenizer, SequenceDecoder
 from k3serve.tokenizer.kimi import VOCAB_PATH
 
 KIMI = VOCAB_PATH  # the package copy of shared/tokenizers/kimi/tiktoken.model
@@ -85,3 +86,24 @@ def test_stream_equals_text_cut_at_first_stop(text, start, length, step):
     deltas, _ = stream(dec, ids, stop=[stop], step=step)
     cut = text.find(stop)
     assert "".join(deltas) == (text if cut < 0 else text[:cut])
+
+
+def test_sequence_decoder_owns_the_finish():
+    """The stop token is consumed, never decoded; a stop string beats the engine's "length" on the same token;
+    a cut past the text (the chat content cutoff) beats the engine too; nothing changes once done."""
+    dec = lambda ids: bytes(ids)  # noqa: E731 - one byte per id
+    eos = SequenceDecoder(dec, eos_ids=[0])
+    assert eos.push(list(b"ab")) == "ab" and eos.push([0], True, "stop") == "" and eos.text == "ab"
+    assert (eos.finish_reason, eos.stop_reason, eos.done) == ("stop", None, True)
+    tok = SequenceDecoder(dec)
+    assert tok.push([*b"ab", 90], True, "stop", 90) == "ab" and tok.stop_reason == 90  # stop token id 90 = "Z"
+    text = SequenceDecoder(dec, stop=["bc"])
+    assert text.push(list(b"ab")) == "a" and text.push(list(b"cd"), True, "length") == ""
+    assert (text.text, text.finish_reason, text.stop_reason) == ("a", "stop", "bc")
+    assert text.push(list(b"e"), True, "length") == "" and text.finish_reason == "stop"
+    cut = SequenceDecoder(dec)
+    assert cut.push(list(b"x"), True, "length") == "x" and cut.finish_reason == "length"
+    cut.cut("STOP")
+    assert (cut.finish_reason, cut.stop_reason) == ("stop", "STOP")
+    held = SequenceDecoder(dec, stop=["xyz"])
+    assert held.push(list(b"ax")) == "a" and held.push([], True, "abort") == "x" and held.finish_reason == "abort"

@@ -27,7 +27,7 @@ def tiny():
 
 def _engine(tiny, kv_cache_memory: float) -> LLMEngine:
     model, config = tiny
-    return LLMEngine(model, model_config=config, tokenizer=None, config=EngineConfig(
+    return LLMEngine(model, model_config=config, config=EngineConfig(
         kv_cache_memory=kv_cache_memory, max_model_len=256, max_num_seqs=4))
 
 

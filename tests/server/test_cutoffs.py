@@ -8,10 +8,12 @@ import asyncio
 import pytest
 
 from k3serve.chat.parsers import ContentDelta, K2Parser, K3Parser, ReasoningDelta, ToolCallStart
+from k3serve.engine.messages import Output
+from k3serve.engine.sampling_params import SamplingParams
+from k3serve.server.cutoffs import Cutoff
 from k3serve.server.choice import ChoiceDecoder
 from k3serve.server.cutoffs import Cutoff
 from k3serve.server.generation import run_choices
-from k3serve.server.messages import Output, Sampling
 
 EOM = "<|end_of_msg|>"
 K3_ANSWER_END = "<|close|>response<|sep|><|close|>message<|sep|>"
@@ -195,7 +197,7 @@ def test_stop_closes_the_engine_stream_at_once():
         vocab = Vocab()
         client = _Client(vocab, ["one ", "two ", "STOP", "three "])
         dec = ChoiceDecoder(0, vocab.decode_bytes, stop=["STOP"], parser=K3Parser(thinking=False))
-        frames = [items async for _, items, _ in run_choices(client, "x", [1], Sampling(), [dec])]
+        frames = [items async for _, items, _ in run_choices(client, "x", [1], SamplingParams(), [dec])]
         # closed right after the step that hit the stop, before run_choices returned
         assert client.closed_after == 3 and len(frames) == 3
         assert dec.message().content == "one two "

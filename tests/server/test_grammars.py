@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from k3serve.chat import K2_INSTRUCT, K2_THINKING, K3, K25, ChatOptions
+from k3serve.engine.guided import kimi_lltokenizer
 from k3serve.server.grammars import check_grammar, json_grammar, tool_call_grammar
-from k3serve.server.guided import kimi_lltokenizer
 
 SCHEMA = {"type": "object", "properties": {
     "a": {"type": "integer", "minimum": 0, "maximum": 99},
@@ -102,7 +102,7 @@ def test_guide_applies_packed_mask_and_bias():
     import numpy as np
     import torch
 
-    from k3serve.server.guided import Guide
+    from k3serve.engine.guided import Guide
 
     V = 77  # not a multiple of 32: the packed mask has tail bits past the vocabulary
     allowed = [0, 5, 31, 32, 76]
@@ -130,7 +130,7 @@ def test_guide_applies_packed_mask_and_bias():
 def test_guides_sharing_a_grammar_are_independent():
     """Guides of one grammar come from one compiled template (copied): advancing one leaves the other at
     the start, and the template is reused rather than compiled again."""
-    from k3serve.server.guided import GuidedDecoding
+    from k3serve.engine.guided import GuidedDecoding
 
     gd = GuidedDecoding(163840, 163586, enabled=True)
     grammar = json_grammar(K3, K3.render(USER), SCHEMA)

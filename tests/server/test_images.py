@@ -16,11 +16,12 @@ import torch
 from PIL import Image
 
 from k3serve.chat import K2_INSTRUCT, K3
+from k3serve.engine.core import image_input
+from k3serve.engine.messages import AddRequest, ImageData, encode, to_engine_decoder
+from k3serve.engine.sampling_params import SamplingParams
 from k3serve.models.vision_preprocess import K3_MEDIA_PROC
 from k3serve.server.chat_request import prepare_chat
-from k3serve.server.engine_core import image_input
 from k3serve.server.media import MediaLimits, engine_images, expand_media_spans
-from k3serve.server.messages import AddRequest, ImageData, Sampling, encode, to_engine_decoder
 from k3serve.server.protocol import ChatCompletionRequest
 from k3serve.server.state import ServerConfig, ServerState
 
@@ -96,7 +97,7 @@ def test_chat_job_carries_pixels_to_the_engine_message():
     (img,) = job.images
     assert job.prompt_ids[img.offset:img.offset + img.length] == [PAD] * 6 and job.prompt_ids.count(PAD) == 6
     assert img.grid_thw == [1, 6, 4] and img.shape == [24, 3, 14, 14] and img.dtype == "float32"
-    msg = AddRequest("r", job.prompt_ids, Sampling(), images=job.images)
+    msg = AddRequest("r", job.prompt_ids, SamplingParams(), images=job.images)
     raw = encode(msg)
     back = to_engine_decoder.decode(raw)
     assert back == msg and raw[:1] != b"\x80"  # msgpack, no pickle

@@ -9,9 +9,9 @@ import time
 
 import httpx
 
+from k3serve.engine.messages import Stats
+from k3serve.engine.stats_log import StatsLogger, stats_line
 from k3serve.server.access_log import AccessLog
-from k3serve.server.messages import Stats
-from k3serve.server.stats_log import StatsLogger, stats_line
 from tests.server.conftest import MODEL
 
 

@@ -10,23 +10,23 @@ import msgspec
 import pytest
 from PIL import Image
 
-from k3serve.server.media import MediaLimits, expand_media_pads, load_images
-from k3serve.server.messages import (
+from k3serve.engine.messages import (
     AbortRequest,
     AddRequest,
     Output,
     Outputs,
-    Sampling,
     Stats,
     encode,
     from_engine_decoder,
     to_engine_decoder,
 )
+from k3serve.engine.sampling_params import SamplingParams
+from k3serve.server.media import MediaLimits, expand_media_pads, load_images
 from k3serve.server.protocol import ChatCompletionRequest
 
 
 def test_messages_round_trip_without_pickle():
-    add = AddRequest("r-1", [1, 2, 3], Sampling(temperature=0.6, seed=5, max_tokens=9), grammar="start: \"a\"",
+    add = AddRequest("r-1", [1, 2, 3], SamplingParams(temperature=0.6, seed=5, max_tokens=9, stop=["x"]), grammar="start: \"a\"",
                      logit_bias={7: 1.5})
     raw = encode(add)
     assert b"pickle" not in raw and raw[:1] != b"\x80"  # msgpack map, not a pickle stream
@@ -37,7 +37,16 @@ def test_messages_round_trip_without_pickle():
     assert from_engine_decoder.decode(encode(out)) == out
     with pytest.raises(msgspec.ValidationError):
         to_engine_decoder.decode(msgspec.msgpack.encode({"type": "add", "request_id": 3}))
-    assert add.sampling.to_params().seed == 5
+    assert type(add.params) is SamplingParams and add.params.seed == 5 and add.params.stop == ("x",)
+
+
+def test_sampling_params_cross_the_boundary_checked():
+    """The engine's own SamplingParams is the wire form; decoding it runs its checks again."""
+    good = encode(AddRequest("r", [1], SamplingParams(top_k=3)))
+    bad = good.replace(b"\xa5top_k\x03", b"\xa5top_k\xfe")  # top_k -2 on the wire
+    assert bad != good and to_engine_decoder.decode(good).params.top_k == 3
+    with pytest.raises(msgspec.ValidationError, match="top_k:"):
+        to_engine_decoder.decode(bad)
 
 
 def chat(**kw) -> ChatCompletionRequest:

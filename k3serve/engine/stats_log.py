@@ -8,7 +8,7 @@ ones (prefill, after prefix-cache hits).
 
 from __future__ import annotations
 
-from k3serve.server.messages import Stats
+from k3serve.engine.messages import Stats
 
 
 def stats_line(prev: Stats, cur: Stats, elapsed_s: float) -> str:

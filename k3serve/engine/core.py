@@ -1,10 +1,10 @@
 """The engine-core process: `LLMEngine` behind two ZMQ sockets, typed messages only.
 
-    python -m k3serve.server.engine_core '<CoreSpec as JSON>'
+    python -m k3serve.engine.core '<CoreSpec as JSON>'
 
-It PULLs `AddRequest` / `AbortRequest` / `Shutdown` from the server and PUSHes `Ready` once,
-then `Outputs` after every step (and a heartbeat `Outputs` with stats each second when idle).
-It exits when told to, and by itself when its parent (the server) is gone.
+It PULLs `AddRequest` / `AbortRequest` / `Shutdown` from its client (`engine/client.py`: the HTTP server,
+or a test) and PUSHes `Ready` once, then `Outputs` after every step (and a heartbeat `Outputs` with stats
+each second when idle). It exits when told to, and by itself when its parent is gone.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import msgspec
 import zmq
 
 from k3serve.core.process import die_with_parent
-from k3serve.server.messages import (
+from k3serve.engine.messages import (
     AbortRequest,
     AddRequest,
     Fatal,
@@ -31,7 +31,7 @@ from k3serve.server.messages import (
     encode,
     to_engine_decoder,
 )
-from k3serve.server.stats_log import StatsLogger
+from k3serve.engine.stats_log import StatsLogger
 
 log = logging.getLogger("k3serve.engine")
 stats_log = logging.getLogger("k3serve.stats")
@@ -51,7 +51,7 @@ class CoreSpec(msgspec.Struct, frozen=True):
     device: str = "cpu"
     seed: int = 0
     kv_events_host: str | None = None  # publish KV cache events (engine/kv_events.py) on this host; None: off
-    log_stats_interval: float = 10.0  # seconds between engine stats lines (server/stats_log.py); 0: none
+    log_stats_interval: float = 10.0  # seconds between engine stats lines (engine/stats_log.py); 0: none
 
 
 _PIXEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -95,17 +95,15 @@ class EngineCore:
         from k3serve.engine.config import EngineConfig
         from k3serve.engine.engine import LLMEngine
         from k3serve.engine.llm import parse_dtype
-        from k3serve.server.grammars import MIN_VOCAB
-        from k3serve.server.guided import GuidedDecoding
+        from k3serve.engine.guided import MIN_VOCAB, GuidedDecoding
 
         torch.manual_seed(spec.seed)
         torch.set_num_threads(max(1, torch.get_num_threads()))
         config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                               kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
                               max_model_len=spec.max_model_len)
-        # tokenizer=None: stop strings and detokenization are the server's job.
-        self.engine = LLMEngine(spec.model, config=config, dtype=parse_dtype(spec.dtype), tokenizer=None,
-                                device=spec.device)
+        # token ids only: text and stop strings are the client's job (engine/detokenizer.py)
+        self.engine = LLMEngine(spec.model, config=config, dtype=parse_dtype(spec.dtype), device=spec.device)
         eos = self.engine.eos_token_ids
         self.guide = GuidedDecoding(self.engine.vocab_size, eos[0] if eos else 0,
                                     enabled=self.engine.vocab_size >= MIN_VOCAB)
@@ -127,10 +125,10 @@ class EngineCore:
         if isinstance(msg, AddRequest):
             try:
                 proc = self.guide.processor(msg.grammar, dict(msg.logit_bias), msg.request_id)
-                self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling.to_params(),
+                self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params,
                                         images=[image_input(d) for d in msg.images], logits_processor=proc)
-            except (ValueError, TypeError) as e:
-                return [Output(msg.request_id, [], finished=True, finish_reason="error", error=str(e))]
+            except (ValueError, TypeError) as e:  # refused: the client raises it for this request
+                return [Output(msg.request_id, [], finished=True, error=str(e))]
             return []
         if isinstance(msg, AbortRequest):
             for rid in msg.request_ids:
@@ -145,8 +143,7 @@ class EngineCore:
             ids = list(self.engine.scheduler.requests)
             for rid in ids:
                 self.engine.abort_request(rid)
-            return [Output(rid, [], finished=True, finish_reason="error", error=f"engine step failed: {e}")
-                    for rid in ids]
+            return [Output(rid, [], finished=True, error=f"engine step failed: {e}") for rid in ids]
         items = []
         for o in outs:
             n = len(o.delta_token_ids)
@@ -168,7 +165,7 @@ def serve(spec: CoreSpec) -> int:
     parent = os.getppid()
     try:
         core = EngineCore(spec)
-    except Exception as e:  # noqa: BLE001 - reported to the server as one line
+    except Exception as e:  # noqa: BLE001 - reported to the client as one line
         push.send(encode(Fatal(f"{type(e).__name__}: {e}")))
         push.close()
         ctx.term()
@@ -202,7 +199,7 @@ def serve(spec: CoreSpec) -> int:
                 if (line := stats_logger.update(stats, now)) is not None:
                     stats_log.info(line)
                 last_beat = now
-                if os.getppid() != parent:  # the server is gone: do not linger as an orphan
+                if os.getppid() != parent:  # the client is gone: do not linger as an orphan
                     return 0
     finally:
         if core.kv_events is not None:
@@ -213,7 +210,7 @@ def serve(spec: CoreSpec) -> int:
 
 
 def _poll(pull, kv_events, timeout_ms: int) -> bool:
-    """Wait for server messages (True when some are there); a KV state request also ends the wait."""
+    """Wait for client messages (True when some are there); a KV state request also ends the wait."""
     if kv_events is None:
         return bool(pull.poll(timeout_ms))
     poller = zmq.Poller()
@@ -223,15 +220,15 @@ def _poll(pull, kv_events, timeout_ms: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    die_with_parent()  # first: a server killed while we load must not leave us behind
+    die_with_parent()  # first: a client killed while we load must not leave us behind
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s engine-core: %(message)s")
     stats_log.setLevel(logging.INFO)
     if len(argv) != 1:
-        print("usage: python -m k3serve.server.engine_core '<CoreSpec JSON>'", file=sys.stderr)
+        print("usage: python -m k3serve.engine.core '<CoreSpec JSON>'", file=sys.stderr)
         return 2
     try:
         return serve(msgspec.json.decode(argv[0], type=CoreSpec))
-    except KeyboardInterrupt:  # Ctrl-C in a terminal reaches the whole process group; the server stops us
+    except KeyboardInterrupt:  # Ctrl-C in a terminal reaches the whole process group; the client stops us
         return 0
 
 

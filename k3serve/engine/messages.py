@@ -1,12 +1,14 @@
-"""Typed messages between the HTTP server process and the engine-core process (msgpack via msgspec).
+"""Typed messages between an engine client (``engine/client.py``; the HTTP server is one) and the
+engine-core process (``engine/core.py``), msgpack via msgspec.
 
 One tagged union per direction; nothing else crosses the ZMQ sockets (no pickle):
 
-    server -> engine   ``ToEngine``   = AddRequest | AbortRequest | Shutdown
-    engine -> server   ``FromEngine`` = Ready | Outputs | Fatal
+    client -> engine   ``ToEngine``   = AddRequest | AbortRequest | Shutdown
+    engine -> client   ``FromEngine`` = Ready | Outputs | Fatal
 
-Token ids travel, text does not: the server tokenizes and detokenizes. Images travel preprocessed, as raw
-pixel bytes with their shape and dtype (``ImageData``).
+Token ids travel, text does not: the client tokenizes and detokenizes (``engine/detokenizer.py``).
+``SamplingParams`` crosses as itself (its checks run again on decode). Images travel preprocessed, as
+raw pixel bytes with their shape and dtype (``ImageData``).
 """
 
 from __future__ import annotations
@@ -15,32 +17,6 @@ import msgspec
 
 from k3serve.core.kv_events import KVEventsInfo
 from k3serve.engine.sampling_params import SamplingParams
-
-
-class Sampling(msgspec.Struct, frozen=True):
-    """The engine's ``SamplingParams`` as plain data (stop strings stay in the server)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    stop_token_ids: list[int] = []
-    max_tokens: int | None = 16
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logprobs: int | None = None
-
-    def checked(self) -> Sampling:
-        """Self, after the engine's own validation (ValueError naming the field)."""
-        self.to_params()
-        return self
-
-    def to_params(self) -> SamplingParams:
-        return SamplingParams(**{f: getattr(self, f) for f in self.__struct_fields__})
 
 
 class ImageData(msgspec.Struct, frozen=True):
@@ -59,7 +35,7 @@ class ImageData(msgspec.Struct, frozen=True):
 class AddRequest(msgspec.Struct, tag="add", frozen=True):
     request_id: str
     prompt_token_ids: list[int]
-    sampling: Sampling
+    params: SamplingParams  # one sample (n = 1); ``fan_out`` expands n before this
     grammar: str | None = None  # an llguidance grammar (Lark text); the engine masks logits with it
     logit_bias: dict[int, float] = {}
     images: list[ImageData] = []
@@ -109,7 +85,9 @@ class Ready(msgspec.Struct, tag="ready", frozen=True):
 
 class Output(msgspec.Struct, frozen=True):
     """One request's new tokens of one step. ``logprobs`` has one ``{id: logprob}`` per new token
-    (the sampled id first). ``error`` is set when the engine refused or lost the request."""
+    (the sampled id first). ``finish_reason`` / ``stop_reason`` are the engine's token-level reason (the
+    scheduler's); what a client reports comes from its ``SequenceDecoder``. ``error`` is set (and the
+    request finished) when the engine refused or lost the request."""
 
     request_id: str
     token_ids: list[int]

@@ -1,5 +1,11 @@
-"""The server side of the process boundary: spawns the engine-core process, talks to it over ZMQ
-(typed messages only) and routes its outputs to one asyncio queue per request.
+"""The one async client of the engine: spawns the engine-core process (`engine/core.py`), talks to it over
+ZMQ (typed messages only, `engine/messages.py`) and routes its outputs to one asyncio queue per request.
+The HTTP server is one user, tests another:
+
+    client = EngineClient({"model": "kimi-linear-tiny-random"}); await client.start()
+    async for out in client.generate("r1", prompt_ids, SamplingParams(max_tokens=8)):
+        out.token_ids        # this step's new ids; text is the caller's (engine/detokenizer.py)
+    await client.shutdown()
 
 An engine process that dies or reports a fatal error is noticed within half a second: every
 in-flight request fails with `EngineDead` (HTTP 503) and `/health` turns 503; nothing hangs.
@@ -21,8 +27,8 @@ import zmq
 import zmq.asyncio
 
 from k3serve.core.process import child_env
-from k3serve.server.engine_core import CoreSpec
-from k3serve.server.messages import (
+from k3serve.engine.core import CoreSpec
+from k3serve.engine.messages import (
     AbortRequest,
     AddRequest,
     Fatal,
@@ -30,12 +36,12 @@ from k3serve.server.messages import (
     Output,
     Outputs,
     Ready,
-    Sampling,
     Shutdown,
     Stats,
     encode,
     from_engine_decoder,
 )
+from k3serve.engine.sampling_params import SamplingParams
 
 
 class EngineDead(Exception):
@@ -74,7 +80,7 @@ class EngineClient:
         self._pull.bind(out_addr)
         spec = CoreSpec(input_addr=in_addr, output_addr=out_addr, **self._spec_kwargs)
         # started from the event loop's thread: the engine gets SIGTERM if this process dies (core/process.py)
-        self._proc = subprocess.Popen([sys.executable, "-m", "k3serve.server.engine_core",
+        self._proc = subprocess.Popen([sys.executable, "-m", "k3serve.engine.core",
                                        msgspec.json.encode(spec).decode()], stdin=subprocess.DEVNULL,
                                       env=child_env())
         deadline = time.monotonic() + self.startup_timeout_s
@@ -168,12 +174,12 @@ class EngineClient:
             raise EngineBusy(f"the server already holds {len(self._streams)} requests "
                              f"(--max-queued-requests {self.max_queued_requests})")
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: Sampling, *,
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                        grammar: str | None = None, logit_bias: dict[int, float] | None = None,
                        images: Sequence[ImageData] = ()) -> AsyncIterator[Output]:
         """Yield the request's step outputs until it finishes; leaving early aborts it in the engine.
-        ``images`` fill the prompt's media placeholder spans. Raises EngineDead, or ValueError when the
-        engine refuses the request."""
+        ``params`` are one sample's (n = 1: ``fan_out`` expands n); ``images`` fill the prompt's media
+        placeholder spans. Raises EngineDead, or ValueError when the engine refuses the request."""
         self.check_admission()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
@@ -181,7 +187,7 @@ class EngineClient:
         self._streams[request_id] = q
         finished = False
         try:
-            await self._push.send(encode(AddRequest(request_id, list(prompt_token_ids), sampling, grammar,
+            await self._push.send(encode(AddRequest(request_id, list(prompt_token_ids), params, grammar,
                                                     dict(logit_bias or {}), list(images))))
             while not finished:
                 item = await q.get()

@@ -23,6 +23,7 @@ import torch
 
 log = logging.getLogger("k3serve.engine")
 TEMPLATE_CACHE = 64  # compiled grammars kept for reuse
+MIN_VOCAB = 163840  # grammars name the Kimi special ids; smaller vocabularies cannot hold them
 
 
 def kimi_lltokenizer(n_vocab: int, eos: int):
