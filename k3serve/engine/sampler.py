@@ -81,7 +81,7 @@ def filter_logits_reference(logits: torch.Tensor, top_k: torch.Tensor, top_p: to
         logits = logits.masked_fill(on[:, None] & (logits < kth), float("-inf"))
     probs = logits.softmax(dim=-1)
     desc = probs.sort(dim=-1, descending=True).values
-    floor = torch.where(top_p < 1, _prefix_floor(desc, top_p)[0], 0.0)
+    floor = torch.where(top_p < 1, _prefix_floor(desc, top_p)[0], 0.0)  # fp64 cumulative masses
     keep = (probs >= floor[:, None]) & (probs >= min_p[:, None] * desc[:, :1])
     return logits.masked_fill(~keep, float("-inf"))
 
@@ -101,9 +101,11 @@ def nucleus_floor(probs: torch.Tensor, top_p: torch.Tensor, first_k: int = 256) 
     """Per row of ``probs [M, V]``: the smallest probability in its top-p set (0 where ``top_p`` >= 1).
 
     The floor is read off the ``k`` most likely probabilities (``topk``, exactly the sort's first ``k``
-    values, so the same cumulative sums), with ``k`` grown until each row's prefix reaches p; a row whose
-    prefix would have to span a quarter of the vocabulary is sorted instead, as a top-k that wide costs about
-    as much as the sort.
+    values), with ``k`` grown until each row's prefix reaches p. A row whose prefix would have to span a
+    quarter of the vocabulary (a broad distribution) is read from the other end instead: the tokens that
+    top-p drops are the least likely ones, whose mass stays below 1 - p (``_tail_floor``). Small vocabularies
+    are sorted outright. Cumulative masses are fp64, so the summation order between the two ends does not
+    move the floor.
     """
     M, V = probs.shape
     floor = probs.new_zeros(M)
@@ -111,8 +113,11 @@ def nucleus_floor(probs: torch.Tensor, top_p: torch.Tensor, first_k: int = 256) 
     k = first_k
     while rows.numel():
         if 4 * k > V:
-            desc = (probs if rows.numel() == M else probs[rows]).sort(dim=-1, descending=True).values
-            floor[rows] = _prefix_floor(desc, top_p[rows])[0]
+            sub = probs if rows.numel() == M else probs[rows]
+            if V <= _SORT_BELOW:
+                floor[rows] = _prefix_floor(sub.sort(dim=-1, descending=True).values, top_p[rows])[0]
+            else:
+                floor[rows] = _tail_floor(sub, top_p[rows])
             break
         desc = (probs if rows.numel() == M else probs[rows]).topk(k, dim=-1).values
         f, known, mass = _prefix_floor(desc, top_p[rows])
@@ -126,14 +131,47 @@ def nucleus_floor(probs: torch.Tensor, top_p: torch.Tensor, first_k: int = 256) 
     return floor
 
 
+_SORT_BELOW = 8192  # a vocabulary this small is sorted: cheaper than a few topk passes
+
+
 def _prefix_floor(desc: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """From each row's first ``K`` probabilities in descending order: the floor of the top-p set (the first
     token whose cumulative mass reaches p, or the last of the prefix), whether the prefix reached p, and its
     mass."""
     K = desc.shape[-1]
-    mass = desc.cumsum(dim=-1)
-    n = (mass < top_p[:, None]).sum(dim=-1)
-    return desc.gather(-1, n.clamp(max=K - 1)[:, None]).squeeze(-1), n < K, mass[:, -1]
+    mass = desc.double().cumsum(dim=-1)
+    n = (mass < top_p[:, None].double()).sum(dim=-1)
+    return desc.gather(-1, n.clamp(max=K - 1)[:, None]).squeeze(-1), n < K, mass[:, -1].to(desc.dtype)
+
+
+def _tail_floor(probs: torch.Tensor, top_p: torch.Tensor, first_k: int = 4096) -> torch.Tensor:
+    """The top-p floor of broad rows of ``probs [R, V]``, from the least likely tokens up.
+
+    A token is in the set when the mass strictly before it (in descending order) is below p, i.e. when the
+    mass of it and every less likely token exceeds ``total - p``. So the floor is the first token, counting
+    from the bottom, at which that ascending cumulative mass passes ``total - p``; the ``k`` smallest
+    probabilities (zeros included, which a top-k mask leaves) are taken until they reach it, and a row whose
+    tail spans half the vocabulary is sorted.
+    """
+    R, V = probs.shape
+    floor = probs.new_zeros(R)
+    zeros = (probs == 0).sum(dim=-1)
+    drop = probs.double().sum(dim=-1) - top_p.double()  # the mass top-p may leave out
+    rows = torch.arange(R, device=probs.device)
+    k = first_k
+    while rows.numel():
+        width = int(zeros[rows].max()) + k
+        if 2 * width > V:
+            desc = probs[rows].sort(dim=-1, descending=True).values
+            floor[rows] = _prefix_floor(desc, top_p[rows])[0]
+            break
+        asc = probs[rows].topk(width, dim=-1, largest=False).values
+        m = (asc.double().cumsum(dim=-1) <= drop[rows, None]).sum(dim=-1)
+        known = m < width
+        floor[rows[known]] = asc[known].gather(-1, m[known, None]).squeeze(-1)
+        rows = rows[~known]
+        k *= 4
+    return floor
 
 
 def sample(logits: torch.Tensor, reqs: list[Request]) -> SampleResult:

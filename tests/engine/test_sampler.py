@@ -108,7 +108,7 @@ def _params(M, gen):
     return top_k, top_p, min_p
 
 
-@pytest.mark.parametrize("shape", [(1, 7), (3, 1000), (7, 4099), (9, 20011)])
+@pytest.mark.parametrize("shape", [(1, 7), (3, 1000), (7, 4099), (9, 20011), (5, 65537)])
 @pytest.mark.parametrize("scale", [0.3, 3.0, 12.0])  # flat (sorted fallback), middling, peaked (short prefix)
 def test_filter_logits_equals_the_sorting_reference(shape, scale):
     gen = torch.Generator().manual_seed(shape[1])
@@ -131,8 +131,8 @@ def test_nucleus_floor_of_any_prefix_equals_the_sorted_floor(first_k):
     top_p[5] = 1.0
     probs = logits.softmax(-1)
     desc = probs.sort(-1, descending=True).values
-    mass = desc.cumsum(-1)
-    n = (mass < top_p[:, None]).sum(-1).clamp(max=996)
+    mass = desc.double().cumsum(-1)  # the spec's masses are fp64
+    n = (mass < top_p[:, None].double()).sum(-1).clamp(max=996)
     want = torch.where(top_p < 1, desc.gather(-1, n[:, None]).squeeze(-1), 0.0)
     assert torch.equal(nucleus_floor(probs, top_p, first_k=first_k), want)
 
@@ -149,8 +149,9 @@ def test_ties_are_kept_or_dropped_together():
         assert torch.isfinite(out).tolist() == [[True, True, True, False, False]]
 
 
-def test_top_p_does_not_sort_the_vocabulary(monkeypatch):
-    logits = torch.randn(4, 50_000, generator=torch.Generator().manual_seed(0)) * 8
+@pytest.mark.parametrize("scale", [8.0, 0.3])  # peaked (read from the top), near-flat (from the bottom)
+def test_top_p_does_not_sort_the_vocabulary(monkeypatch, scale):
+    logits = torch.randn(4, 50_000, generator=torch.Generator().manual_seed(0)) * scale
     want = filter_logits_reference(logits, torch.zeros(4, dtype=torch.long), torch.full((4,), 0.95), torch.zeros(4))
 
     def no_sort(*a, **kw):
@@ -213,3 +214,17 @@ def test_inverse_cdf_edges():
     almost_one = torch.tensor([1 - 2**-53, 1 - 2**-53], dtype=torch.float64)
     assert inverse_cdf(probs, almost_one).tolist() == [3, 4]
     assert inverse_cdf(probs, torch.tensor([0.5, 0.5], dtype=torch.float64)).tolist() == [3, 4]
+
+
+def test_floor_from_the_tail_equals_the_sorted_floor():
+    """Broad rows over a large vocabulary are read from the least likely end: with ties (integer logits),
+    zeros left by a mask, and every p, the floor is the sorted one."""
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randint(0, 3, (8, 40_000), generator=gen).float() * 0.2
+    logits[::2, 25_000:] = float("-inf")  # zeros at the bottom of half the rows
+    top_p = torch.tensor([0.95, 0.5, 0.999, 0.9, 0.7, 0.99, 0.3, 0.8])
+    probs = logits.softmax(-1)
+    desc = probs.sort(-1, descending=True).values
+    n = (desc.double().cumsum(-1) < top_p[:, None].double()).sum(-1).clamp(max=39_999)
+    want = desc.gather(-1, n[:, None]).squeeze(-1)
+    assert torch.equal(nucleus_floor(probs, top_p), want)
