@@ -2,16 +2,16 @@
 
 Order of processing per row: the request's logits processor (``engine.logits_processor``; a grammar mask,
 logit bias), penalties (repetition over prompt+output, presence/frequency over output), ``min_tokens`` masking
-of EOS/stop ids, then greedy argmax (temperature 0) or temperature -> top-k -> top-p -> min-p -> an exponential
-race ``argmax(p / E)``, ``E ~ Exp(1)``, which draws from ``p`` exactly. A request with a seed draws its ``E``
-row from its own generator, so its samples depend only on its seed and its logits, not on the batch around
-it. Logprobs are the log-softmax of the model's raw logits (before any processor, penalty or temperature),
-as in vLLM's default ``raw_logprobs`` mode.
+of EOS/stop ids, then greedy argmax (temperature 0) or temperature -> top-k -> a draw from the top-p and
+min-p set (``draw_top_p``: inverse CDF with pivot rejection, no vocabulary sort; ``filter_logits_reference``
+is its spec). A request with a seed draws its uniforms from its own generator, so its samples depend only on
+its seed and its logits, not on the batch around it. Logprobs are the log-softmax of the model's raw logits
+(before any processor, penalty or temperature), as in vLLM's default ``raw_logprobs`` mode.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,29 +51,16 @@ def mask_min_tokens(logits: torch.Tensor, reqs: list[Request]) -> None:
             logits[row, ids] = float("-inf")
 
 
-def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Mask ``logits [M, V]`` (already temperature-scaled) outside each row's top-k / top-p / min-p set.
+def filter_logits_reference(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                            min_p: torch.Tensor) -> torch.Tensor:
+    """Mask ``logits [M, V]`` (already temperature-scaled) outside each row's top-k / top-p / min-p set, read
+    off full-vocabulary sorts: the spec that ``sample`` draws from (tests, benchmarks/sampler.py).
 
     The sets are defined by thresholds, so tied tokens are kept or dropped together: top-k keeps the logits
     at least the k-th largest; top-p (over the top-k set's renormalised probabilities) keeps every token whose
-    mass strictly before it in descending order is below p, down to the one that reaches p; min-p keeps
-    probabilities at least ``min_p`` times the largest. Same sets as ``filter_logits_reference``, without
-    sorting the vocabulary: the top-p floor comes from a top-k prefix that grows until its mass reaches p.
+    mass strictly before it in descending order is below p (cumulative masses in fp64), down to the one that
+    reaches p; min-p keeps probabilities at least ``min_p`` times the largest.
     """
-    if bool((top_k <= 0).all() and (top_p >= 1).all() and (min_p <= 0).all()):
-        return logits  # nothing to filter
-    logits = mask_top_k(logits, top_k)
-    probs = logits.softmax(dim=-1)
-    floor = nucleus_floor(probs, top_p)
-    if bool((min_p > 0).any()):
-        floor = torch.maximum(floor, min_p * probs.amax(dim=-1))
-    return logits.masked_fill(probs < floor[:, None], float("-inf"))
-
-
-def filter_logits_reference(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                            min_p: torch.Tensor) -> torch.Tensor:
-    """The same sets as ``filter_logits``, read off full-vocabulary sorts (the naive form, for tests and
-    benchmarks/sampler.py)."""
     V = logits.shape[-1]
     on = (top_k > 0) & (top_k < V)
     if bool(on.any()):
@@ -81,7 +68,8 @@ def filter_logits_reference(logits: torch.Tensor, top_k: torch.Tensor, top_p: to
         logits = logits.masked_fill(on[:, None] & (logits < kth), float("-inf"))
     probs = logits.softmax(dim=-1)
     desc = probs.sort(dim=-1, descending=True).values
-    floor = torch.where(top_p < 1, _prefix_floor(desc, top_p)[0], 0.0)  # fp64 cumulative masses
+    n = (desc.double().cumsum(dim=-1) < top_p[:, None].double()).sum(dim=-1).clamp(max=V - 1)
+    floor = torch.where(top_p < 1, desc.gather(-1, n[:, None]).squeeze(-1), 0.0)
     keep = (probs >= floor[:, None]) & (probs >= min_p[:, None] * desc[:, :1])
     return logits.masked_fill(~keep, float("-inf"))
 
@@ -97,81 +85,41 @@ def mask_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(on[:, None] & (logits < kth), float("-inf"))
 
 
-def nucleus_floor(probs: torch.Tensor, top_p: torch.Tensor, first_k: int = 256) -> torch.Tensor:
-    """Per row of ``probs [M, V]``: the smallest probability in its top-p set (0 where ``top_p`` >= 1).
+def draw_top_p(probs: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+               uniforms: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """One token per row of ``probs [M, V]`` (the top-k set's softmax) from its top-p and min-p set,
+    renormalised, without sorting the vocabulary (pivot rejection, as FlashInfer samples).
 
-    The floor is read off the ``k`` most likely probabilities (``topk``, exactly the sort's first ``k``
-    values), with ``k`` grown until each row's prefix reaches p. A row whose prefix would have to span a
-    quarter of the vocabulary (a broad distribution) is read from the other end instead: the tokens that
-    top-p drops are the least likely ones, whose mass stays below 1 - p (``_tail_floor``). Small vocabularies
-    are sorted outright. Cumulative masses are fp64, so the summation order between the two ends does not
-    move the floor.
+    Each round draws from the tokens not yet ruled out (``inverse_cdf``, one uniform a row from
+    ``uniforms(rows)``) and accepts the token when the mass of the strictly more likely tokens is below p
+    (fp64), which is the membership rule of ``filter_logits_reference``. A rejected token's probability
+    becomes the row's pivot: every token at or below it is outside the set too, so the next round draws only
+    above it. A draw lands in the set with probability at least p, so rows rarely need a second round, and
+    each costs two passes over the row instead of a sort.
     """
-    M, V = probs.shape
-    floor = probs.new_zeros(M)
-    rows = (top_p < 1).nonzero().squeeze(-1)
-    k = first_k
+    M = probs.shape[0]
+    if bool((min_p > 0).any()):
+        probs_in = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+    else:
+        probs_in = probs
+    tokens = torch.empty(M, dtype=torch.long, device=probs.device)
+    pivot = probs.new_zeros(M)
+    rows = torch.arange(M, device=probs.device)
+    first = True
     while rows.numel():
-        if 4 * k > V:
-            sub = probs if rows.numel() == M else probs[rows]
-            if V <= _SORT_BELOW:
-                floor[rows] = _prefix_floor(sub.sort(dim=-1, descending=True).values, top_p[rows])[0]
-            else:
-                floor[rows] = _tail_floor(sub, top_p[rows])
-            break
-        desc = (probs if rows.numel() == M else probs[rows]).topk(k, dim=-1).values
-        f, known, mass = _prefix_floor(desc, top_p[rows])
-        known |= desc[:, -1] == 0  # the rest of the row is zeros: the set is the whole row, floor 0 (= f)
-        floor[rows[known]] = f[known]
-        # the open rows need at least (p - mass) / (largest remaining probability) more tokens
-        need = ((top_p[rows] - mass) / desc[:, -1])[~known]
-        rows = rows[~known]
-        if rows.numel():
-            k = max(8 * k, k + math.ceil(min(float(need.max()), V)))
-    return floor
-
-
-_SORT_BELOW = 8192  # a vocabulary this small is sorted: cheaper than a few topk passes
-
-
-def _prefix_floor(desc: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From each row's first ``K`` probabilities in descending order: the floor of the top-p set (the first
-    token whose cumulative mass reaches p, or the last of the prefix), whether the prefix reached p, and its
-    mass."""
-    K = desc.shape[-1]
-    mass = desc.double().cumsum(dim=-1)
-    n = (mass < top_p[:, None].double()).sum(dim=-1)
-    return desc.gather(-1, n.clamp(max=K - 1)[:, None]).squeeze(-1), n < K, mass[:, -1].to(desc.dtype)
-
-
-def _tail_floor(probs: torch.Tensor, top_p: torch.Tensor, first_k: int = 4096) -> torch.Tensor:
-    """The top-p floor of broad rows of ``probs [R, V]``, from the least likely tokens up.
-
-    A token is in the set when the mass strictly before it (in descending order) is below p, i.e. when the
-    mass of it and every less likely token exceeds ``total - p``. So the floor is the first token, counting
-    from the bottom, at which that ascending cumulative mass passes ``total - p``; the ``k`` smallest
-    probabilities (zeros included, which a top-k mask leaves) are taken until they reach it, and a row whose
-    tail spans half the vocabulary is sorted.
-    """
-    R, V = probs.shape
-    floor = probs.new_zeros(R)
-    zeros = (probs == 0).sum(dim=-1)
-    drop = probs.double().sum(dim=-1) - top_p.double()  # the mass top-p may leave out
-    rows = torch.arange(R, device=probs.device)
-    k = first_k
-    while rows.numel():
-        width = int(zeros[rows].max()) + k
-        if 2 * width > V:
-            desc = probs[rows].sort(dim=-1, descending=True).values
-            floor[rows] = _prefix_floor(desc, top_p[rows])[0]
-            break
-        asc = probs[rows].topk(width, dim=-1, largest=False).values
-        m = (asc.double().cumsum(dim=-1) <= drop[rows, None]).sum(dim=-1)
-        known = m < width
-        floor[rows[known]] = asc[known].gather(-1, m[known, None]).squeeze(-1)
-        rows = rows[~known]
-        k *= 4
-    return floor
+        sub = probs if rows.numel() == M else probs[rows]
+        cand = probs_in if rows.numel() == M else probs_in[rows]
+        if not first:
+            cand = cand.masked_fill(sub <= pivot[rows, None], 0.0)
+        tok = inverse_cdf(cand, uniforms(rows))
+        v = sub.gather(-1, tok[:, None])
+        above = sub.masked_fill(sub <= v, 0.0).double().sum(dim=-1)
+        ok = (top_p[rows] >= 1) | (above < top_p[rows].double())
+        tokens[rows[ok]] = tok[ok]
+        pivot[rows[~ok]] = v[~ok, 0]
+        rows = rows[~ok]
+        first = False
+    return tokens
 
 
 def sample(logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
@@ -191,20 +139,32 @@ def sample(logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
         dev, dt = logits.device, logits.dtype
         idx = torch.tensor(rand, device=dev)
         temp = torch.tensor([reqs[i].params.temperature for i in rand], dtype=dt, device=dev)
-        x = filter_logits(logits[idx] / temp[:, None],
-                          torch.tensor([reqs[i].params.top_k for i in rand], device=dev),
-                          torch.tensor([reqs[i].params.top_p for i in rand], dtype=dt, device=dev),
-                          torch.tensor([reqs[i].params.min_p for i in rand], dtype=dt, device=dev))
-        uniform = torch.empty(len(rand), dtype=torch.float64, device=dev)
-        unseeded = [j for j, i in enumerate(rand) if reqs[i].generator is None]
-        if unseeded:
-            uniform[unseeded] = torch.rand(len(unseeded), dtype=torch.float64, device=dev)
-        for j, i in enumerate(rand):
-            if reqs[i].generator is not None:  # a seeded row draws on the CPU generator: the same on any device
-                uniform[j] = float(torch.rand((), dtype=torch.float64, generator=reqs[i].generator))
-        tokens[idx] = inverse_cdf(x.softmax(dim=-1), uniform)
+        x = mask_top_k(logits[idx] / temp[:, None], torch.tensor([reqs[i].params.top_k for i in rand], device=dev))
+        tokens[idx] = draw_top_p(x.softmax(dim=-1),
+                                 torch.tensor([reqs[i].params.top_p for i in rand], dtype=dt, device=dev),
+                                 torch.tensor([reqs[i].params.min_p for i in rand], dtype=dt, device=dev),
+                                 _Uniforms([reqs[i].generator for i in rand], dev))
     token_list = tokens.tolist()
     return SampleResult(token_list, token_logprobs(raw, token_list, [r.params.logprobs for r in reqs]))
+
+
+class _Uniforms:
+    """fp64 uniforms in [0, 1) for some rows of a batch: a seeded row draws on its own CPU generator (the same
+    values on any device, whatever the batch around it); the rest share one ``torch.rand`` call."""
+
+    def __init__(self, generators: list[torch.Generator | None], device: torch.device):
+        self.generators, self.device = generators, device
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        gens = [self.generators[i] for i in rows.tolist()]
+        u = torch.empty(len(gens), dtype=torch.float64, device=self.device)
+        shared = [j for j, g in enumerate(gens) if g is None]
+        if shared:
+            u[shared] = torch.rand(len(shared), dtype=torch.float64, device=self.device)
+        for j, g in enumerate(gens):
+            if g is not None:
+                u[j] = float(torch.rand((), dtype=torch.float64, generator=g))
+        return u
 
 
 def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

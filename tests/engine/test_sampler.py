@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from k3serve.engine.request import Request
-from k3serve.engine.sampler import filter_logits, filter_logits_reference, inverse_cdf, nucleus_floor, sample
+from k3serve.engine.sampler import draw_top_p, filter_logits_reference, inverse_cdf, mask_top_k, sample
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.models.generate import SimpleRunner
 
@@ -18,8 +18,8 @@ def req(rid="r", prompt=(1, 2), **kw) -> Request:
 
 def test_filters_keep_the_expected_sets():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
-    out = filter_logits(logits, top_k=torch.tensor([2, 0, 0]), top_p=torch.tensor([1.0, 0.7, 1.0]),
-                        min_p=torch.tensor([0.0, 0.0, 0.2]))
+    out = filter_logits_reference(logits, top_k=torch.tensor([2, 0, 0]), top_p=torch.tensor([1.0, 0.7, 1.0]),
+                                  min_p=torch.tensor([0.0, 0.0, 0.2]))
     kept = torch.isfinite(out)
     assert kept.tolist() == [[True, True, False, False], [True, True, False, False], [True, True, True, False]]
 
@@ -91,16 +91,15 @@ def test_logprobs_are_log_softmax_of_model_logits(eh):
         assert set(lp[p - 1].topk(2).indices.tolist()) <= set(got)
 
 
-def test_filter_logits_without_filters_is_identity_and_matches_the_sorting_path():
+def test_reference_without_filters_is_identity():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-    off = filter_logits(logits, torch.zeros(3, dtype=torch.long), torch.ones(3), torch.zeros(3))
+    off = filter_logits_reference(logits, torch.zeros(3, dtype=torch.long), torch.ones(3), torch.zeros(3))
     assert torch.equal(off, logits)
-    # a top_k as large as the vocabulary filters nothing either, but goes through the sort
-    full = filter_logits(logits, torch.full((3,), 50), torch.ones(3), torch.zeros(3))
+    full = filter_logits_reference(logits, torch.full((3,), 50), torch.ones(3), torch.zeros(3))
     assert torch.equal(full, logits)
 
 
-def _params(M, gen):
+def _params(M):
     """Per-row filters mixing top-p (tiny to 1), top-k and min-p, different in every row."""
     top_p = torch.tensor([[0.95, 1.0, 1e-6, 0.5, 0.999, 0.3, 0.9][i % 7] for i in range(M)])
     top_k = torch.tensor([[0, 0, 0, 40, 0, 3, 1000][i % 7] for i in range(M)])
@@ -108,77 +107,94 @@ def _params(M, gen):
     return top_k, top_p, min_p
 
 
+def _draws(logits, top_k, top_p, min_p, rounds, seed=0):
+    """``rounds`` draws of ``draw_top_p`` per row: ``[rounds, M]``."""
+    gen = torch.Generator().manual_seed(seed)
+    probs = mask_top_k(logits, top_k).softmax(-1)
+    return torch.stack([draw_top_p(probs, top_p, min_p,
+                                   lambda rows: torch.rand(rows.numel(), dtype=torch.float64, generator=gen))
+                        for _ in range(rounds)])
+
+
 @pytest.mark.parametrize("shape", [(1, 7), (3, 1000), (7, 4099), (9, 20011), (5, 65537)])
-@pytest.mark.parametrize("scale", [0.3, 3.0, 12.0])  # flat (sorted fallback), middling, peaked (short prefix)
-def test_filter_logits_equals_the_sorting_reference(shape, scale):
+@pytest.mark.parametrize("scale", [0.05, 0.3, 3.0, 12.0])  # near-flat to peaked
+def test_draws_stay_in_the_reference_set(shape, scale):
     gen = torch.Generator().manual_seed(shape[1])
     logits = torch.randn(*shape, generator=gen) * scale
-    top_k, top_p, min_p = _params(shape[0], gen)
-    fast = filter_logits(logits, top_k, top_p, min_p)
-    ref = filter_logits_reference(logits, top_k, top_p, min_p)
-    assert torch.equal(fast, ref)
-    assert torch.equal(fast.softmax(-1), ref.softmax(-1))
-    assert torch.isfinite(fast).sum(-1).min() >= 1
+    top_k, top_p, min_p = _params(shape[0])
+    kept = torch.isfinite(filter_logits_reference(logits, top_k, top_p, min_p))
+    draws = _draws(logits, top_k, top_p, min_p, rounds=40)
+    assert kept.gather(1, draws.T).all()
 
 
-@pytest.mark.parametrize("first_k", [1, 2, 5, 64])
-def test_nucleus_floor_of_any_prefix_equals_the_sorted_floor(first_k):
-    gen = torch.Generator().manual_seed(first_k)
-    # integer logits: many tied probabilities; a top-k mask leaves trailing zeros in some rows
-    logits = torch.randint(0, 6, (12, 997), generator=gen).float()
-    logits[::3, 20:] = float("-inf")
-    top_p = torch.rand(12, generator=gen).clamp(min=1e-3)
+def test_draws_reach_exactly_the_reference_set_with_ties_and_zeros():
+    """Integer logits (many tied probabilities, the set's edge inside a tie), rows with masked-out zeros, every
+    filter: over enough draws the tokens drawn are exactly the reference set, no more, no fewer."""
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randint(0, 4, (12, 24), generator=gen).float()
+    logits[::3, 16:] = float("-inf")
+    top_p = torch.rand(12, generator=gen).clamp(min=0.05)
     top_p[5] = 1.0
-    probs = logits.softmax(-1)
-    desc = probs.sort(-1, descending=True).values
-    mass = desc.double().cumsum(-1)  # the spec's masses are fp64
-    n = (mass < top_p[:, None].double()).sum(-1).clamp(max=996)
-    want = torch.where(top_p < 1, desc.gather(-1, n[:, None]).squeeze(-1), 0.0)
-    assert torch.equal(nucleus_floor(probs, top_p, first_k=first_k), want)
+    top_k = torch.tensor([0, 0, 5, 0, 0, 0, 0, 12, 0, 0, 1, 0])
+    min_p = torch.tensor([0, 0, 0, 0.3, 0, 0, 0, 0, 0.9, 0, 0, 0])
+    kept = torch.isfinite(filter_logits_reference(logits, top_k, top_p, min_p))
+    draws = _draws(logits, top_k, top_p, min_p, rounds=600, seed=1)
+    seen = torch.zeros_like(kept).scatter_(1, draws.T, True)
+    assert torch.equal(seen, kept)
 
 
 def test_ties_are_kept_or_dropped_together():
     logits = torch.log(torch.tensor([[0.4, 0.2, 0.2, 0.2, 0.0]] * 2)).float()
     logits[1] = torch.tensor([3.0, 2.0, 2.0, 0.0, -1.0])
-    for f in (filter_logits, filter_logits_reference):
-        # top-p 0.5: the mass reaches p inside the tie of 0.2s, so all three stay
-        out = f(logits[:1], torch.tensor([0]), torch.tensor([0.5]), torch.tensor([0.0]))
-        assert torch.isfinite(out).tolist() == [[True, True, True, True, False]]
-        # top-k 2 with the 2nd and 3rd logits equal keeps both
-        out = f(logits[1:], torch.tensor([2]), torch.tensor([1.0]), torch.tensor([0.0]))
-        assert torch.isfinite(out).tolist() == [[True, True, True, False, False]]
+    # top-p 0.5: the mass reaches p inside the tie of 0.2s, so all three stay
+    out = filter_logits_reference(logits[:1], torch.tensor([0]), torch.tensor([0.5]), torch.tensor([0.0]))
+    assert torch.isfinite(out).tolist() == [[True, True, True, True, False]]
+    drawn = _draws(logits[:1], torch.tensor([0]), torch.tensor([0.5]), torch.tensor([0.0]), rounds=300)
+    assert set(drawn.flatten().tolist()) == {0, 1, 2, 3}
+    # top-k 2 with the 2nd and 3rd logits equal keeps both
+    out = filter_logits_reference(logits[1:], torch.tensor([2]), torch.tensor([1.0]), torch.tensor([0.0]))
+    assert torch.isfinite(out).tolist() == [[True, True, True, False, False]]
+    assert torch.isfinite(mask_top_k(logits[1:], torch.tensor([2]))).tolist() == [[True, True, True, False, False]]
 
 
-@pytest.mark.parametrize("scale", [8.0, 0.3])  # peaked (read from the top), near-flat (from the bottom)
+@pytest.mark.parametrize("scale", [8.0, 1.0, 0.05])  # peaked, broad, near-flat
 def test_top_p_does_not_sort_the_vocabulary(monkeypatch, scale):
     logits = torch.randn(4, 50_000, generator=torch.Generator().manual_seed(0)) * scale
-    want = filter_logits_reference(logits, torch.zeros(4, dtype=torch.long), torch.full((4,), 0.95), torch.zeros(4))
+    kept = torch.isfinite(filter_logits_reference(logits, torch.zeros(4, dtype=torch.long), torch.full((4,), 0.95),
+                                                  torch.zeros(4)))
 
     def no_sort(*a, **kw):
         raise AssertionError("full-vocabulary sort")
 
     monkeypatch.setattr(torch.Tensor, "sort", no_sort)
     monkeypatch.setattr(torch, "sort", no_sort)
-    got = filter_logits(logits, torch.zeros(4, dtype=torch.long), torch.full((4,), 0.95), torch.zeros(4))
-    assert torch.equal(got, want)
+    reqs = [req(str(i), temperature=1.0, top_p=0.95, seed=i) for i in range(4)]
+    for _ in range(5):
+        toks = torch.tensor(sample(logits, reqs).tokens)
+        assert kept.gather(1, toks[:, None]).all()
 
 
 def test_seeded_draws_follow_the_reference_filter():
+    """Temperature, top-k, top-p and min-p reach the draw as the reference applies them: every seeded draw
+    is in the reference set, and the same seeds draw the same tokens again."""
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 3000, generator=gen) * 4
     kw = [dict(top_p=0.95), dict(top_p=0.5, top_k=20), dict(top_p=1.0, min_p=0.1), dict(top_p=1e-6),
           dict(top_p=0.8, temperature=0.6), dict(top_k=5)]
-    reqs = [req(str(i), seed=7 + i, **{"temperature": 1.0, **k}) for i, k in enumerate(kw)]
-    twins = [torch.Generator().manual_seed(7 + i) for i in range(len(kw))]
-    p = [r.params for r in reqs]
-    ref = filter_logits_reference(logits / torch.tensor([q.temperature for q in p])[:, None],
-                                  torch.tensor([q.top_k for q in p]), torch.tensor([q.top_p for q in p]),
-                                  torch.tensor([q.min_p for q in p])).softmax(-1)
-    cdf = ref.double().cumsum(-1)
-    for _ in range(30):
-        got = sample(logits, reqs).tokens
-        u = torch.stack([torch.rand((), dtype=torch.float64, generator=g) for g in twins])
-        assert got == [int((c > x * c[-1]).nonzero()[0]) for c, x in zip(cdf, u)]
+
+    def reqs():
+        return [req(str(i), seed=7 + i, **{"temperature": 1.0, **k}) for i, k in enumerate(kw)]
+
+    p = [r.params for r in reqs()]
+    kept = torch.isfinite(filter_logits_reference(logits / torch.tensor([q.temperature for q in p])[:, None],
+                                                  torch.tensor([q.top_k for q in p]),
+                                                  torch.tensor([q.top_p for q in p]),
+                                                  torch.tensor([q.min_p for q in p])))
+    first, again = reqs(), reqs()
+    runs = [[sample(logits, rs).tokens for _ in range(30)] for rs in (first, again)]
+    assert runs[0] == runs[1]
+    assert kept.gather(1, torch.tensor(runs[0]).T).all()
+    assert len({tuple(r) for r in runs[0]}) > 1  # the rounds do not all repeat one draw
 
 
 def test_top_p_draws_follow_the_renormalised_nucleus():
@@ -216,15 +232,21 @@ def test_inverse_cdf_edges():
     assert inverse_cdf(probs, torch.tensor([0.5, 0.5], dtype=torch.float64)).tolist() == [3, 4]
 
 
-def test_floor_from_the_tail_equals_the_sorted_floor():
-    """Broad rows over a large vocabulary are read from the least likely end: with ties (integer logits),
-    zeros left by a mask, and every p, the floor is the sorted one."""
-    gen = torch.Generator().manual_seed(11)
-    logits = torch.randint(0, 3, (8, 40_000), generator=gen).float() * 0.2
-    logits[::2, 25_000:] = float("-inf")  # zeros at the bottom of half the rows
-    top_p = torch.tensor([0.95, 0.5, 0.999, 0.9, 0.7, 0.99, 0.3, 0.8])
-    probs = logits.softmax(-1)
-    desc = probs.sort(-1, descending=True).values
-    n = (desc.double().cumsum(-1) < top_p[:, None].double()).sum(-1).clamp(max=39_999)
-    want = desc.gather(-1, n[:, None]).squeeze(-1)
-    assert torch.equal(nucleus_floor(probs, top_p), want)
+def test_draws_match_the_renormalised_reference_distribution():
+    """Chi-square (20,000 draws over 40 categories, fixed seed; critical value 95.0 is p = 1e-4 at 39 degrees
+    of freedom) of ``draw_top_p`` against the reference set renormalised, for rows that need several rejection
+    rounds (top-p 0.3 over a broad row) and for top-p with min-p."""
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(40, generator=gen) * 0.7
+    n = 20000
+    for top_p, min_p in ((0.3, 0.0), (0.9, 0.4)):
+        tp, mp = torch.full((n,), top_p), torch.full((n,), min_p)
+        want = filter_logits_reference(logits[None], torch.zeros(1, dtype=torch.long), tp[:1], mp[:1]).softmax(-1)[0]
+        draws = draw_top_p(logits.softmax(-1).expand(n, -1), tp, mp,
+                           lambda rows: torch.rand(rows.numel(), dtype=torch.float64, generator=gen))
+        counts = torch.bincount(draws, minlength=40).double()
+        expected = want.double() * n
+        on = expected > 0
+        assert counts[~on].sum() == 0 and 3 < int(on.sum()) < 40
+        chi2 = float(((counts[on] - expected[on]) ** 2 / expected[on]).sum())
+        assert chi2 < 95.0, (top_p, min_p, chi2)
