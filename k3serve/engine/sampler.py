@@ -113,7 +113,7 @@ def draw_top_p(probs: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
             cand = cand.masked_fill(sub <= pivot[rows, None], 0.0)
         tok = inverse_cdf(cand, uniforms(rows))
         v = sub.gather(-1, tok[:, None])
-        above = sub.masked_fill(sub <= v, 0.0).double().sum(dim=-1)
+        above = sub.masked_fill(sub <= v, 0.0).sum(dim=-1, dtype=torch.float64)
         ok = (top_p[rows] >= 1) | (above < top_p[rows].double())
         tokens[rows[ok]] = tok[ok]
         pivot[rows[~ok]] = v[~ok, 0]
@@ -133,13 +133,18 @@ def sample(logits: torch.Tensor, reqs: list[Request]) -> SampleResult:
                 req.logits_processor.apply(logits[row])
         apply_penalties(logits, reqs)
         mask_min_tokens(logits, reqs)
-    tokens = logits.argmax(dim=-1)
     rand = [i for i, r in enumerate(reqs) if not r.params.greedy]
+    # the argmax pass is only for greedy rows; a batch that samples every row skips it
+    tokens = logits.argmax(dim=-1) if len(rand) < len(reqs) else torch.empty(len(reqs), dtype=torch.long,
+                                                                              device=logits.device)
     if rand:
         dev, dt = logits.device, logits.dtype
         idx = torch.tensor(rand, device=dev)
-        temp = torch.tensor([reqs[i].params.temperature for i in rand], dtype=dt, device=dev)
-        x = mask_top_k(logits[idx] / temp[:, None], torch.tensor([reqs[i].params.top_k for i in rand], device=dev))
+        x = logits if len(rand) == len(reqs) else logits[idx]
+        temps = [reqs[i].params.temperature for i in rand]
+        if any(t != 1 for t in temps):
+            x = x / torch.tensor(temps, dtype=dt, device=dev)[:, None]
+        x = mask_top_k(x, torch.tensor([reqs[i].params.top_k for i in rand], device=dev))
         tokens[idx] = draw_top_p(x.softmax(dim=-1),
                                  torch.tensor([reqs[i].params.top_p for i in rand], dtype=dt, device=dev),
                                  torch.tensor([reqs[i].params.min_p for i in rand], dtype=dt, device=dev),
@@ -172,7 +177,7 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     probability (fp64, so rounding stays far below any probability that matters) exceeds ``uniform`` times the
     row's total. One uniform per row instead of a noise value per vocabulary entry (the exponential race costs
     ~15x more over 163,840 ids); zero-probability tokens are never drawn, the cumulative sum being flat there."""
-    cdf = probs.double().cumsum(dim=-1)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
     target = (uniform * cdf[:, -1])[:, None]
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
