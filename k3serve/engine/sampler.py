@@ -114,7 +114,8 @@ def draw_top_p(probs: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
         tok = inverse_cdf(cand, uniforms(rows))
         v = sub.gather(-1, tok[:, None])
         above = sub.masked_fill(sub <= v, 0.0).sum(dim=-1, dtype=torch.float64)
-        ok = (top_p[rows] >= 1) | (above < top_p[rows].double())
+        # the most likely token (nothing above it) is always in the set, even where p rounds to 0 in fp32
+        ok = (top_p[rows] >= 1) | (above < top_p[rows].double()) | (above == 0)
         tokens[rows[ok]] = tok[ok]
         pivot[rows[~ok]] = v[~ok, 0]
         rows = rows[~ok]

@@ -250,3 +250,10 @@ def test_draws_match_the_renormalised_reference_distribution():
         assert counts[~on].sum() == 0 and 3 < int(on.sum()) < 40
         chi2 = float(((counts[on] - expected[on]) ** 2 / expected[on]).sum())
         assert chi2 < 95.0, (top_p, min_p, chi2)
+
+
+def test_a_top_p_that_rounds_to_zero_still_draws_the_most_likely_token():
+    """top_p 5e-324 is 0 in fp32; the draw must still end (it spun forever) with the argmax token."""
+    logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(2))
+    reqs = [req(str(i), temperature=1.0, top_p=5e-324) for i in range(3)]
+    assert sample(logits, reqs).tokens == logits.argmax(-1).tolist()
