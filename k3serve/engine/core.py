@@ -141,11 +141,21 @@ class EngineCore:
         except Exception as e:  # a failed step fails its requests, not the process
             log.exception("engine step failed; aborting all requests")
             ids = list(self.engine.scheduler.requests)
+            self.guide.take_failures()  # those requests end here anyway
             for rid in ids:
                 self.engine.abort_request(rid)
             return [Output(rid, [], finished=True, error=f"engine step failed: {e}") for rid in ids]
-        items = []
+        # a request whose grammar gave up this step: its token was sampled unconstrained, so it is dropped and
+        # the request ends with an error (never a silent, schema-violating success)
+        failed = dict(self.guide.take_failures())
+        for rid in failed:
+            self.engine.abort_request(rid)
+        items = [Output(rid, [], finished=True, error=f"grammar: the structured-output engine gave up on this "
+                                                         f"schema, so the output cannot follow it ({why})")
+                 for rid, why in failed.items()]
         for o in outs:
+            if o.request_id in failed:
+                continue
             n = len(o.delta_token_ids)
             lps = o.logprobs[-n:] if o.logprobs is not None and n else None
             stop = o.stop_reason if isinstance(o.stop_reason, int) else None

@@ -7,6 +7,11 @@ engine calls `prepare` before the forward pass: the guide feeds its `LLMatcher` 
 since the last step and starts computing the next-token mask on a shared thread pool (llguidance
 drops the GIL), so the mask is built while the forward runs; `apply` adds the bias and masks the
 row just before sampling. Logprobs stay those of the raw model distribution (the engine's rule).
+
+A grammar is never dropped silently: a template that errors or allows no first token is refused when
+the request is added (ValueError -> HTTP 400 before any generation); a matcher that gives up later
+(a sampled token it rejects, an error state, an empty mask) marks its guide failed, and the engine core
+ends that request with an error instead of letting it run on unconstrained (`take_failures`).
 """
 
 from __future__ import annotations
@@ -45,9 +50,10 @@ def kimi_lltokenizer(n_vocab: int, eos: int):
 class Guide:
     """One request's grammar matcher and logit bias (a `LogitsProcessor`)."""
 
-    __slots__ = ("matcher", "consumed", "bias", "failed", "request_id", "_pool", "_mask")
+    __slots__ = ("matcher", "consumed", "bias", "failed", "request_id", "_pool", "_mask", "_failures")
 
-    def __init__(self, matcher, bias: dict[int, float], pool: ThreadPoolExecutor, request_id: str = ""):
+    def __init__(self, matcher, bias: dict[int, float], pool: ThreadPoolExecutor, request_id: str = "",
+                 failures: list[tuple[str, str]] | None = None):
         self.matcher = matcher
         self.consumed = 0
         self.bias = bias
@@ -55,6 +61,15 @@ class Guide:
         self.request_id = request_id
         self._pool = pool
         self._mask: Future | None = None
+        self._failures = failures  # shared with GuidedDecoding: (request id, why) of guides that gave up
+
+    def _fail(self, why: str) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        log.warning("request %s: the grammar engine gave up: %s", self.request_id, why)
+        if self._failures is not None:
+            self._failures.append((self.request_id, why))
 
     def prepare(self, output_token_ids: Sequence[int]) -> None:
         self._mask = None
@@ -62,8 +77,7 @@ class Guide:
             return
         new = output_token_ids[self.consumed:]
         if new and not self.matcher.consume_tokens(list(new)):
-            log.warning("request %s left its grammar: %s", self.request_id, self.matcher.get_error())
-            self.failed = True
+            self._fail(self.matcher.get_error() or "a sampled token does not follow the grammar")
             return
         self.consumed += len(new)
         self._mask = self._pool.submit(self.matcher.compute_bitmask)
@@ -75,7 +89,11 @@ class Guide:
         if fut is None:
             return
         packed = np.frombuffer(fut.result(), dtype=np.uint8)
-        if not packed.any():  # an empty mask would make every token -inf; leave the row alone then
+        if not packed.any():
+            # the matcher gave up (an error state gives an empty mask): every token -inf would break sampling,
+            # so the row stays as it is, and the engine core ends the request with an error after this step
+            self._fail(self.matcher.get_error() if self.matcher is not None and self.matcher.is_error()
+                       else "the grammar allows no next token")
             return
         # one gather of 8 ready-made floats per mask byte, then one add: no data-dependent branches, so the
         # cost is the same ~85 us for every mask (a boolean masked_fill ran 130-730 us per row depending on
@@ -101,6 +119,7 @@ class GuidedDecoding:
         self.load_error: str | None = None
         self._ready = threading.Event()
         self._templates: OrderedDict[str, object] = OrderedDict()  # grammar -> unused matcher, LRU
+        self._failures: list[tuple[str, str]] = []  # appended by guides (engine loop), drained by take_failures
         self.enabled = enabled
         if enabled:
             threading.Thread(target=self._load, args=(eos_token_id,), daemon=True).start()
@@ -137,6 +156,11 @@ class GuidedDecoding:
                 template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
                 if template.is_error():
                     raise ValueError(f"grammar: {template.get_error()}")
+                # the first mask, once per grammar: a schema llguidance gives up on at the start is refused
+                # here (400) rather than run unconstrained; the mask is cached, so the copies reuse it
+                if not np.frombuffer(template.compute_bitmask(), dtype=np.uint8).any() or template.is_error():
+                    raise ValueError(f"grammar: the schema cannot be enforced: "
+                                     f"{template.get_error() or 'it allows no first token'}")
                 self._templates[grammar] = template
                 if len(self._templates) > TEMPLATE_CACHE:
                     self._templates.popitem(last=False)
@@ -145,4 +169,9 @@ class GuidedDecoding:
             # a fresh matcher costs ~1-2 ms on the engine loop, a copy of a pristine one ~2 us; many requests
             # share a grammar (one schema, one tool set)
             matcher = template.deep_copy()
-        return Guide(matcher, dict(bias), self._pool, request_id)
+        return Guide(matcher, dict(bias), self._pool, request_id, self._failures)
+
+    def take_failures(self) -> list[tuple[str, str]]:
+        """(request id, why) of every guide that gave up since the last call."""
+        out, self._failures[:] = list(self._failures), []
+        return out

@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 
 from k3serve.entrypoints.generate_cli import DEFAULT_MODEL, add_download_arguments
 
+API_KEY_ENV = "K3SERVE_API_KEY"  # like vLLM's VLLM_API_KEY: a key on the command line is visible to `ps`
 _UNSUPPORTED_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "nnodes")
 
 
@@ -30,7 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to bind")
     g.add_argument("--port", type=int, default=8000, help="port to bind")
     g.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' (or x-api-key) on /v1 and tokenizer routes")
+                   help="require 'Authorization: Bearer KEY' (or x-api-key) on /v1 and tokenizer routes; "
+                        f"prefer the {API_KEY_ENV} environment variable, which 'ps' does not show "
+                        "(the flag wins over it)")
     g.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) clients use in 'model' (default: the MODEL argument)")
     g.add_argument("--api-contract", choices=["kimi", "openai"], default=None,
@@ -98,6 +102,7 @@ def server_config(args: argparse.Namespace):
         raise ValueError("--node-rank/--master-addr: multi-node serving is not supported yet")
     if args.kv_cache_dtype == "fp8":
         raise ValueError("--kv-cache-dtype fp8: not supported yet")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if args.limit_images < 0 or args.max_image_bytes < 1:
@@ -119,7 +124,7 @@ def server_config(args: argparse.Namespace):
     if args.kv_events:
         engine["kv_events_host"] = args.host
     return ServerConfig(model=path, served_model_names=tuple(args.served_model_name or (args.model,)),
-                        api_key=args.api_key, api_contract=args.api_contract, chat_format=args.chat_format,
+                        api_key=api_key, api_contract=args.api_contract, chat_format=args.chat_format,
                         max_queued_requests=args.max_queued_requests, engine=engine,
                         access_log=not args.disable_access_log,
                         media=MediaLimits(max_images=args.limit_images, max_image_bytes=args.max_image_bytes,

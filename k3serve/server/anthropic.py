@@ -13,21 +13,20 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import Field
 
 from k3serve.chat.parsers import ContentDelta, ReasoningDelta, ToolCallArgs, ToolCallStart
 from k3serve.engine.client import EngineDead
 from k3serve.server.chat_request import ChatJob
 from k3serve.server.chat_serving import _decoders
 from k3serve.server.generation import new_id, run_choices
-from k3serve.server.protocol import ChatCompletionRequest
+from k3serve.server.protocol import INT32, Budget, ChatCompletionRequest, TopK, _Body
 from k3serve.server.state import ServerState
 
 
-class MessagesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class MessagesRequest(_Body):
     model: str | None = None
-    max_tokens: int
+    max_tokens: Budget
     messages: list[Any]
     system: str | list[Any] | None = None
     tools: list[Any] | None = None
@@ -35,7 +34,7 @@ class MessagesRequest(BaseModel):
     stop_sequences: list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: TopK | None = None
     stream: bool = False
     thinking: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
@@ -63,7 +62,7 @@ class MessagesRequest(BaseModel):
 
 
 class CountTokensRequest(MessagesRequest):
-    max_tokens: int = 1  # not part of a count_tokens body
+    max_tokens: int = Field(1, ge=1, le=INT32)  # not part of a count_tokens body
 
 
 def _tool(t: Any, i: int) -> dict[str, Any]:

@@ -73,6 +73,8 @@ class _AuthAndErrors:
             if header is None and b"x-api-key" in headers:
                 header = b"Bearer " + headers[b"x-api-key"]
             if not state.check_api_key(header.decode("latin-1") if header is not None else None):
+                if state.metrics:
+                    state.metrics.http_errors.labels("401").inc()
                 return await error_response(401, "invalid or missing API key", code="invalid_api_key")(
                     scope, receive, send)
 
@@ -113,7 +115,7 @@ def build_app(config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions", summary="OpenAI chat completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         model = model_name(body.model)
-        state.client.check_admission(body.n or 1)
+        state.admit(body.n or 1)
         job = await prepare_chat(state, body)
         if body.stream:
             return EventStream(chat_stream(state, job, model))
@@ -122,7 +124,7 @@ def build_app(config: ServerConfig) -> FastAPI:
     @app.post("/v1/completions", summary="OpenAI text completions")
     async def completions(body: CompletionRequest, request: Request):
         model = model_name(body.model)
-        state.client.check_admission(body.n or 1)
+        state.admit(body.n or 1)
         job = prepare_completion(state, body)
         if body.stream:
             return EventStream(completion_stream(state, job, model))
@@ -131,7 +133,7 @@ def build_app(config: ServerConfig) -> FastAPI:
     @app.post("/v1/messages", summary="Anthropic messages")
     async def messages(body: MessagesRequest, request: Request):
         model = model_name(body.model)
-        state.client.check_admission()
+        state.admit(1)
         job = await prepare_chat(state, body.to_chat())
         if body.stream:
             return EventStream(messages_stream(state, job, model))

@@ -1,6 +1,6 @@
 """A chat request turned into engine work: render with the model's chat format, encode per
 segment, expand image placeholders, pick sampling and (for forced tool calls / response_format)
-the grammar. Every bad input raises ValueError (HTTP 400, or 413 beyond the context)."""
+the grammar. Every bad input raises ValueError (HTTP 400)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from k3serve.chat import ChatOptions, Prompt
 from k3serve.engine.messages import ImageData
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.models.vision_preprocess import K3_MEDIA_PROC, K25_MEDIA_PROC, num_image_tokens
-from k3serve.server.grammars import all_strict, check_grammar, json_grammar, strict_tools_grammar, tool_call_grammar
+from k3serve.server.grammars import (all_strict, check_grammar, check_schema_size, json_grammar, strict_tools_grammar,
+                                     tool_call_grammar)
 from k3serve.server.media import engine_images, expand_media_spans, image_parts, load_images
 from k3serve.server.protocol import ChatCompletionRequest
 from k3serve.server.state import ServerState
@@ -60,6 +61,16 @@ def _grammar(state: ServerState, req: ChatCompletionRequest, prompt: Prompt, opt
     return json_grammar(fmt, prompt, options.response_schema, strict=js.get("strict") is not False)
 
 
+def _check_schema_sizes(req: ChatCompletionRequest) -> None:
+    for i, t in enumerate(all_tools(req)):
+        fn = t.get("function")
+        if isinstance(fn, Mapping):
+            check_schema_size(fn.get("parameters"), f"tools[{i}].function.parameters")
+    fmt = req.response_format
+    if isinstance(fmt, Mapping) and isinstance(fmt.get("json_schema"), Mapping):
+        check_schema_size(fmt["json_schema"].get("schema"), "response_format.json_schema.schema")
+
+
 def _renderable(fmt, options: ChatOptions, req: ChatCompletionRequest) -> ChatOptions:
     """K3 renders nothing for a named tool_choice (the grammar forces the call): check here that it names a
     declared tool and that thinking is off, then render as `auto`."""
@@ -93,6 +104,7 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
                           response_format=req.response_format, image_sizes=tuple(im.size for im in images))
     if isinstance(req.tools, list) and not req.tools and tool_choice == "required":
         raise ValueError("tool_choice: 'required' needs at least one tool")
+    _check_schema_sizes(req)
     prompt = fmt.render(req.messages, req.tools if req.tools else None, _renderable(fmt, options, req))
     ids = [int(t) for t in tok.encode_segments(prompt.token_segments())]
     media = K3_MEDIA_PROC if fmt.is_k3 else K25_MEDIA_PROC

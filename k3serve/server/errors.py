@@ -1,8 +1,10 @@
 """OpenAI-style error objects for every failure (the body itself: `core.errors.error_body`).
 
-Handlers only translate: `ValueError` from validation/rendering -> 400, request-body schema
-errors -> 400 (not FastAPI's 422; KVV expects 400), unknown routes -> 404, engine gone -> 503,
-queue full -> 429, both with Retry-After. No traceback ever reaches a client.
+Handlers only translate: `ValueError` from validation/rendering -> 400 (a prompt beyond the context
+too, code `context_length_exceeded`: OpenAI, vLLM and KVV use 400, not 413), request-body schema
+errors -> 400 (not FastAPI's 422; KVV expects 400), a body nested too deeply for the JSON parser
+-> 400, unknown routes -> 404, engine gone -> 503, queue full -> 429, both with Retry-After. No
+traceback ever reaches a client; every 500 is counted in /metrics (`k3serve:http_errors`).
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ def error_response(status: int, message: str, *, code: str | None = None, param:
 
 
 def value_error(e: ValueError) -> APIError:
-    """400, or 413 when the prompt does not fit the context; `param` is the leading field name."""
+    """400 naming the leading field (`param`); a prompt that does not fit the context is a 400 too (OpenAI's
+    and vLLM's status, which KVV clients expect; frontend.md 4.5), with code `context_length_exceeded`."""
     msg = str(e) or "invalid request"
     head = msg.split(":", 1)[0]
     param = head if head.replace("_", "").replace(".", "").replace("[", "").replace("]", "").isalnum() else None
     if "max_model_len" in msg or "context length" in msg:
-        return APIError(413, msg, code="context_length_exceeded", param=param)
+        return APIError(400, msg, code="context_length_exceeded", param=param)
     return APIError(400, msg, code="invalid_request", param=param)
 
 
@@ -57,6 +60,10 @@ def install_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, e: RequestValidationError):
         errs = e.errors()
         first = errs[0] if errs else {}
+        cause = first.get("ctx", {}).get("error")
+        if not first.get("loc", ())[1:] and isinstance(cause, ValueError):  # a whole-body check names its field
+            a = value_error(cause)
+            return error_response(a.status, a.message, code=a.code, param=a.param)
         field = _field(tuple(first.get("loc", ())))
         return error_response(400, f"{field}: {first.get('msg', 'invalid value')}", code="invalid_request",
                               param=field)
@@ -78,7 +85,16 @@ def install_handlers(app: FastAPI) -> None:
         a = value_error(e)
         return error_response(a.status, a.message, code=a.code, param=a.param)
 
+    @app.exception_handler(RecursionError)
+    async def _deep(_: Request, e: RecursionError):
+        # only a body nested thousands deep gets here (the JSON parser recurses before any validation runs)
+        return error_response(400, "body: nested too deeply", code="invalid_request", param="body")
+
     @app.exception_handler(Exception)
-    async def _other(_: Request, e: Exception):
+    async def _other(request: Request, e: Exception):
         log.exception("unhandled error")
+        # this handler answers outside every middleware, so the error counter would not see the 500
+        metrics = getattr(request.app.state.k3, "metrics", None)
+        if metrics is not None:
+            metrics.http_errors.labels("500").inc()
         return error_response(500, f"internal error ({type(e).__name__})", code="internal_error")

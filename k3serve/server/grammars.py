@@ -165,6 +165,24 @@ def all_strict(tools: Sequence[Mapping[str, Any]]) -> bool:
     return bool(fns) and all(isinstance(f, Mapping) and f.get("strict") is True for f in fns)
 
 
+MAX_SCHEMA_NODES = 20_000  # JSON values in one schema; compiling and rendering cost grows with it
+
+
+def check_schema_size(schema: Any, field: str) -> None:
+    """400 (naming `field`) for a schema of more than MAX_SCHEMA_NODES values. Iterative, like the body's nesting
+    check (`protocol.nesting_error`), which already bounds its depth."""
+    stack, seen = [schema], 0
+    while stack:
+        v = stack.pop()
+        seen += 1
+        if seen > MAX_SCHEMA_NODES:
+            raise ValueError(f"{field}: the schema has more than {MAX_SCHEMA_NODES} values")
+        if isinstance(v, Mapping):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
 def check_grammar(grammar: str) -> None:
     """Reject grammars llguidance cannot compile (e.g. an unsupported schema keyword) as bad input."""
     error = _grammar_error(grammar)

@@ -10,9 +10,9 @@ naming the field (HTTP 400). Two contracts:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from k3serve.engine.sampling_params import SamplingParams
 
@@ -20,10 +20,49 @@ KIMI_TEMPERATURES = (0.0, 0.6, 1.0)
 KIMI_TOP_P = 0.95
 MAX_N = 16
 MAX_STOP = 4
+MAX_DEPTH = 64  # nesting of any JSON value in a body (json.dumps, templates and llguidance recurse on it)
+INT32 = 2**31 - 1  # token ids, counts and budgets: the engine and msgspec carry them as fixed-width ints
+
+# integers bounded to their real range, so that a 2**70 is a 400 naming the field, not an OverflowError
+Count = Annotated[int, Field(ge=0, le=INT32)]
+Budget = Annotated[int, Field(ge=1, le=INT32)]
+TokenId = Annotated[int, Field(ge=0, le=INT32)]
+TopK = Annotated[int, Field(ge=-1, le=INT32)]
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+NumLogprobs = Annotated[int, Field(ge=0, le=20)]
+
+
+def nesting_error(value: Any, limit: int = MAX_DEPTH) -> str | None:
+    """The dotted path of the first place where `value` nests deeper than `limit` containers, or None.
+    Iterative: a recursive walk would itself hit Python's recursion limit on the input it guards against."""
+    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
+    while stack:
+        v, depth, path = stack.pop()
+        if isinstance(v, dict):
+            items = ((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
+        elif isinstance(v, list):
+            items = ((f"{path}[{i}]", x) for i, x in enumerate(v))
+        else:
+            continue
+        if depth >= limit:
+            return path or "body"
+        stack.extend((x, depth + 1, p) for p, x in items if isinstance(x, (dict, list)))
+    return None
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN / Infinity (which Python's JSON parser accepts) are never a valid sampling value
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_nesting(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            where = nesting_error(data, MAX_DEPTH + 1)
+            if where is not None:
+                field = where.split(".", 1)[0].split("[", 1)[0]
+                raise ValueError(f"{field}: nested deeper than {MAX_DEPTH} levels (at {where})")
+        return data
 
 
 class StreamOptions(BaseModel):
@@ -34,25 +73,25 @@ class SamplingFields(_Body):
     """Sampling fields shared by chat and text completions."""
 
     model: str | None = None
-    n: int | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     temperature: float | None = None
     top_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    max_tokens: int | None = None
+    max_tokens: Budget | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # vLLM extras (extra_body)
-    top_k: int | None = None
+    top_k: TopK | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int | None = None
+    min_tokens: Count | None = None
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -117,7 +156,8 @@ class SamplingFields(_Body):
             raise ValueError("logit_bias: not supported by this model's API contract")
         out = {}
         for k, v in self.logit_bias.items():
-            if not k.lstrip("-").isdigit() or not -100 <= v <= 100:
+            # a token id has at most 10 digits; int() of a longer one is an overflow or a slow parse
+            if not (k.isascii() and k.isdigit() and len(k) <= 10 and int(k) <= INT32) or not -100 <= v <= 100:
                 raise ValueError(f"logit_bias: keys must be token ids and values in [-100, 100], got {k!r}: {v!r}")
             out[int(k)] = float(v)
         return out
@@ -136,9 +176,9 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: Any = None
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Budget | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: NumLogprobs | None = None
     reasoning_effort: str | None = None
     thinking: Thinking | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -184,7 +224,7 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]] = Field(..., description="text or token ids")
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: NumLogprobs | None = None
     suffix: str | None = None
     skip_special_tokens: bool = True
 
@@ -207,4 +247,4 @@ class TokenizeRequest(_Body):
 
 class DetokenizeRequest(_Body):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]

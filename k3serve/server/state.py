@@ -91,6 +91,15 @@ class ServerState:
                            "/v1/completions with token ids, or a model with the Kimi vocabulary",
                            code="model_cannot_chat", param="model")
 
+    def admit(self, count: int) -> None:
+        """Room for `count` sequences now (else EngineBusy, 429), after a 400 for a count no wait could fit:
+        retrying that (KVV clients retry 429s forever) would never succeed."""
+        limit = self.config.max_queued_requests
+        if count > limit:
+            raise ValueError(f"n: {count} sequences exceed what this server holds at once "
+                             f"(--max-queued-requests {limit})")
+        self.client.check_admission(count)
+
     def check_ids(self, ids: list[int]) -> None:
         if not ids:
             raise ValueError("prompt: must contain at least one token")
