@@ -20,6 +20,7 @@ KIMI_TEMPERATURES = (0.0, 0.6, 1.0)
 KIMI_TOP_P = 0.95
 MAX_N = 16
 MAX_STOP = 4
+MAX_LOGIT_BIAS = 300  # entries; the engine adds each one to every step's logits
 
 
 class _Body(BaseModel):
@@ -115,6 +116,8 @@ class SamplingFields(_Body):
             return {}
         if contract == "kimi":
             raise ValueError("logit_bias: not supported by this model's API contract")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(self.logit_bias)}")
         out = {}
         for k, v in self.logit_bias.items():
             if not k.lstrip("-").isdigit() or not -100 <= v <= 100:

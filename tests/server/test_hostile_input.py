@@ -158,3 +158,17 @@ def test_too_many_messages_or_characters_is_413(tokenizer, monkeypatch):
     r = asyncio.run(_post(app, "/tokenize", {"prompt": "w" * 5001}))
     assert r.status_code == 413 and r.json()["error"]["param"] == "prompt"
     assert not rendered  # refused before rendering
+
+
+def test_logit_bias_is_bounded_and_named():
+    """A 160,000-entry logit_bias slowed every request batched with it; beyond 300 entries it is a 400."""
+    from k3serve.server.errors import value_error
+    from k3serve.server.protocol import ChatCompletionRequest
+
+    ok = ChatCompletionRequest(messages=[], logit_bias={str(t): -1.0 for t in range(300)})
+    assert len(ok.logit_bias_ids("openai")) == 300
+    big = ChatCompletionRequest(messages=[], logit_bias={str(t): -1.0 for t in range(301)})
+    with pytest.raises(ValueError, match="logit_bias: at most 300") as e:
+        big.logit_bias_ids("openai")
+    err = value_error(e.value)
+    assert err.status == 400 and err.param == "logit_bias"
