@@ -11,6 +11,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -167,7 +168,9 @@ def build_app(config: ServerConfig) -> FastAPI:
             check_prompt_chars(len(body.prompt), config.limits, "prompt")
             ids = (await state.pool.run(state.tokenizer.encode, body.prompt,
                                         "all" if body.add_special_tokens else ())).tolist()
-        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+        # a long prompt's ids are millions of ints: encoded to JSON in a worker thread, not by FastAPI on the loop
+        body = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+        return Response(await state.pool.run(msgspec.json.encode, body), media_type="application/json")
 
     @app.post("/detokenize", summary="Token ids to text")
     async def detokenize(body: DetokenizeRequest):
