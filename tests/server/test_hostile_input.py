@@ -172,3 +172,16 @@ def test_logit_bias_is_bounded_and_named():
         big.logit_bias_ids("openai")
     err = value_error(e.value)
     assert err.status == 400 and err.param == "logit_bias"
+
+
+def test_health_answers_while_a_long_tokenize_answer_is_encoded(tokenizer, monkeypatch):
+    """A 10 MB prompt's answer holds millions of ids; encoding it to JSON on the loop held /health for seconds."""
+    import msgspec
+
+    from k3serve.server import app as app_module
+
+    app = _app(tokenizer)
+    gate = Gate(msgspec.json.encode)
+    monkeypatch.setattr(app_module, "msgspec", SimpleNamespace(json=SimpleNamespace(encode=gate)))
+    r = asyncio.run(_health_while_held(app, gate, "/tokenize", {"prompt": "hello"}))
+    assert r.status_code == 200 and r.json()["tokens"] == tokenizer.encode("hello").tolist()
