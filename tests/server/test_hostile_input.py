@@ -185,3 +185,22 @@ def test_health_answers_while_a_long_tokenize_answer_is_encoded(tokenizer, monke
     monkeypatch.setattr(app_module, "msgspec", SimpleNamespace(json=SimpleNamespace(encode=gate)))
     r = asyncio.run(_health_while_held(app, gate, "/tokenize", {"prompt": "hello"}))
     assert r.status_code == 200 and r.json()["tokens"] == tokenizer.encode("hello").tolist()
+
+
+def test_serve_flags_set_the_limits():
+    import argparse
+
+    from k3serve.entrypoints import serve_cli
+
+    p = argparse.ArgumentParser()
+    serve_cli.add_arguments(p)
+    config = serve_cli.server_config(p.parse_args(["--max-request-body-bytes", "1000", "--max-messages", "7",
+                                                   "--max-prompt-chars", "99", "--max-image-pixels", "640000",
+                                                   "--frontend-workers", "3"]))
+    assert config.limits == RequestLimits(max_body_bytes=1000, max_messages=7, max_prompt_chars=99,
+                                          frontend_workers=3)
+    assert config.media.max_pixels == 640_000
+    default = serve_cli.server_config(p.parse_args([]))
+    assert default.limits == RequestLimits() and default.media.max_pixels == MediaLimits().max_pixels
+    with pytest.raises(ValueError, match="--max-messages must be >= 1"):
+        serve_cli.server_config(p.parse_args(["--max-messages", "0"]))
