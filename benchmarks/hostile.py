@@ -1,14 +1,14 @@
 """Hostile input against `k3serve serve` (issue 50): does one heavy request stall everyone else?
 
     python benchmarks/hostile.py [--normal 20] [--kinds messages,tokenize,logit_bias,regex] [--model k3-default]
-    python benchmarks/hostile.py --kinds image --model k3-tiny     # a model with a vision tower
+    python benchmarks/hostile.py --kinds image --model k3-tiny-fullvocab-random     # a model with a vision tower
     PYTHONPATH=<older checkout> python benchmarks/hostile.py --baseline ...   # a build without the limit flags
 
 Starts `k3serve serve` (the default model) with limits raised far enough that each hostile request is
 processed rather than refused, then for each kind runs twice in the same server: 20 normal chat requests
 in parallel while `/health` is polled, once alone and once with one hostile request in flight. Prints
 /health p50/p99 latency, the wall time of the 20 normal requests, and the hostile request's status
-and time. Kinds: a chat of 200,000 short messages; a 10 MB `/tokenize` prompt; one 24,000,000-pixel PNG;
+and time. Kinds: a chat of 200,000 short messages; a 10 MB `/tokenize` prompt; one 24,000,000-pixel PNG (--image-pixels);
 a 300-entry `logit_bias` (the most allowed); ten fresh pathological regex patterns (json_schema pattern).
 Timings on a shared CPU box are noisy; compare the two runs of one kind, not across runs.
 """
@@ -70,14 +70,14 @@ def _png(pixels: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def hostile(kind: str) -> list[tuple[str, dict]]:
+def hostile(kind: str, image_pixels: int) -> list[tuple[str, dict]]:
     """The (path, body) pairs of one hostile kind (sent one after another)."""
     if kind == "messages":
         return [("/v1/chat/completions", {**NORMAL, "messages": [{"role": "user", "content": "hi"}] * 200_000})]
     if kind == "tokenize":
         return [("/tokenize", {"prompt": "lorem ipsum dolor sit amet " * 370_000})]
     if kind == "image":
-        parts = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": _png(24_000_000)}}]
+        parts = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": _png(image_pixels)}}]
         return [("/v1/chat/completions", {**NORMAL, "messages": [{"role": "user", "content": parts}]})]
     if kind == "logit_bias":
         return [("/v1/chat/completions", {**NORMAL, "max_tokens": 64,
@@ -132,7 +132,8 @@ def main() -> int:
     p.add_argument("--normal", type=int, default=20, help="normal chat requests sent in parallel")
     p.add_argument("--kinds", default="messages,tokenize,logit_bias,regex", help="hostile kinds to run")
     p.add_argument("--model", default="k3-default",
-                   help="model to serve; the image kind needs one with a vision tower (e.g. k3-tiny)")
+                   help="model to serve; the image kind needs one with a vision tower (e.g. k3-tiny-fullvocab-random)")
+    p.add_argument("--image-pixels", type=int, default=24_000_000, help="pixels of the image kind's PNG")
     p.add_argument("--baseline", action="store_true",
                    help="start the server without the issue-50 limit flags (for a build from before them)")
     args = p.parse_args()
@@ -141,7 +142,7 @@ def main() -> int:
         asyncio.run(run_once(url, 4, None))  # warm-up
         print(f"{'kind':<11} {'run':<8} {'/health p50':>11} {'p99':>8} {'max':>8} {'20 normal':>10} hostile")
         for kind in args.kinds.split(","):
-            bad = [(path, json.dumps(body).encode()) for path, body in hostile(kind)]
+            bad = [(path, json.dumps(body).encode()) for path, body in hostile(kind, args.image_pixels)]
             for label, b in (("alone", None), ("hostile", bad)):
                 r = asyncio.run(run_once(url, args.normal, b))
                 extra = f"{r['hostile']} in {r['hostile_s']:.2f} s" if b else ""
