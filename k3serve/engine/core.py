@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+from concurrent.futures import Future
 
 import msgspec
 import zmq
@@ -36,6 +37,7 @@ from k3serve.engine.stats_log import StatsLogger
 log = logging.getLogger("k3serve.engine")
 stats_log = logging.getLogger("k3serve.stats")
 HEARTBEAT_S = 1.0
+COMPILE_POLL_MS = 5  # how often an idle loop looks for grammars compiled aside
 
 
 class CoreSpec(msgspec.Struct, frozen=True):
@@ -107,6 +109,7 @@ class EngineCore:
         eos = self.engine.eos_token_ids
         self.guide = GuidedDecoding(self.engine.vocab_size, eos[0] if eos else 0,
                                     enabled=self.engine.vocab_size >= MIN_VOCAB)
+        self.compiling: dict[str, tuple[AddRequest, Future]] = {}  # requests waiting for their grammar
         self.kv_events = None
         if spec.kv_events_host is not None:
             from k3serve.engine.kv_events import KVEventPublisher
@@ -123,17 +126,40 @@ class EngineCore:
 
     def handle(self, msg) -> list[Output]:
         if isinstance(msg, AddRequest):
-            try:
-                proc = self.guide.processor(msg.grammar, dict(msg.logit_bias), msg.request_id)
-                self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params,
-                                        images=[image_input(d) for d in msg.images], logits_processor=proc)
-            except (ValueError, TypeError) as e:  # refused: the client raises it for this request
-                return [Output(msg.request_id, [], finished=True, error=str(e))]
-            return []
+            if not self.guide.compiled(msg.grammar):  # a fresh grammar compiles aside; the batch keeps stepping
+                self.compiling[msg.request_id] = (msg, self.guide.compile_later(msg.grammar))
+                return []
+            return self._add(msg)
         if isinstance(msg, AbortRequest):
             for rid in msg.request_ids:
-                self.engine.abort_request(rid)
+                if self.compiling.pop(rid, None) is None:
+                    self.engine.abort_request(rid)
         return []
+
+    def _add(self, msg: AddRequest, template=None) -> list[Output]:
+        try:
+            proc = self.guide.processor(msg.grammar, dict(msg.logit_bias), msg.request_id, template)
+            self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params,
+                                    images=[image_input(d) for d in msg.images], logits_processor=proc)
+        except (ValueError, TypeError) as e:  # refused: the client raises it for this request
+            return [Output(msg.request_id, [], finished=True, error=str(e))]
+        return []
+
+    def admit_compiled(self) -> list[Output]:
+        """Add the requests whose grammar finished compiling (or fail those whose grammar could not)."""
+        out: list[Output] = []
+        for rid, (msg, fut) in list(self.compiling.items()):
+            if not fut.done():
+                continue
+            del self.compiling[rid]
+            try:
+                template = fut.result()
+            except Exception as e:  # noqa: BLE001 - a grammar llguidance rejects fails its request only
+                out.append(Output(rid, [], finished=True, error=str(e) if isinstance(e, ValueError)
+                                  else f"grammar: {type(e).__name__}: {e}"))
+                continue
+            out += self._add(msg, template)
+        return out
 
     def step(self) -> list[Output]:
         try:
@@ -188,7 +214,9 @@ def serve(spec: CoreSpec) -> int:
         while True:
             busy = engine.has_unfinished_requests()
             outputs: list[Output] = []
-            if _poll(pull, core.kv_events, 0 if busy else int(HEARTBEAT_S * 1000)):
+            # while only grammars compile, wake often to admit them; never spin
+            wait = 0 if busy else COMPILE_POLL_MS if core.compiling else int(HEARTBEAT_S * 1000)
+            if _poll(pull, core.kv_events, wait):
                 while True:
                     try:
                         raw = pull.recv(zmq.NOBLOCK)
@@ -198,6 +226,8 @@ def serve(spec: CoreSpec) -> int:
                     if isinstance(msg, Shutdown):
                         return 0
                     outputs += core.handle(msg)
+            if core.compiling:
+                outputs += core.admit_compiled()
             if engine.has_unfinished_requests():
                 outputs += core.step()
             if core.kv_events is not None:

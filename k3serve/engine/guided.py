@@ -50,13 +50,18 @@ def kimi_lltokenizer(n_vocab: int, eos: int):
 class Guide:
     """One request's grammar matcher and logit bias (a `LogitsProcessor`)."""
 
-    __slots__ = ("matcher", "consumed", "bias", "failed", "request_id", "_pool", "_mask", "_failures")
+    __slots__ = ("matcher", "consumed", "bias", "failed", "request_id", "_pool", "_mask", "_bias_ids", "_bias_vals",
+                 "_failures")
 
     def __init__(self, matcher, bias: dict[int, float], pool: ThreadPoolExecutor, request_id: str = "",
                  failures: list[tuple[str, str]] | None = None):
         self.matcher = matcher
         self.consumed = 0
         self.bias = bias
+        # one index_add per step instead of a tensor index per entry (a Python loop over a large bias
+        # held up every other request of the batch)
+        self._bias_ids = torch.tensor(list(bias), dtype=torch.long) if bias else None
+        self._bias_vals = torch.tensor(list(bias.values()), dtype=torch.float32) if bias else None
         self.failed = False
         self.request_id = request_id
         self._pool = pool
@@ -83,8 +88,8 @@ class Guide:
         self._mask = self._pool.submit(self.matcher.compute_bitmask)
 
     def apply(self, logits: torch.Tensor) -> None:
-        for tok, b in self.bias.items():
-            logits[tok] += b
+        if self._bias_ids is not None:
+            logits.index_add_(0, self._bias_ids, self._bias_vals.to(logits.dtype))
         fut, self._mask = self._mask, None
         if fut is None:
             return
@@ -115,6 +120,7 @@ class GuidedDecoding:
     def __init__(self, vocab_size: int, eos_token_id: int, *, enabled: bool):
         self.vocab_size = vocab_size
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="k3serve-mask")
+        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k3serve-grammar")
         self._tokenizer = None
         self.load_error: str | None = None
         self._ready = threading.Event()
@@ -133,9 +139,39 @@ class GuidedDecoding:
         finally:
             self._ready.set()
 
-    def processor(self, grammar: str | None, bias: dict[int, float], request_id: str = "") -> Guide | None:
+    def compiled(self, grammar: str | None) -> bool:
+        """Whether `processor` can build this request's guide at once: no grammar, or one compiled already
+        (a grammar this engine cannot take is refused at once too)."""
+        return grammar is None or not self.enabled or grammar in self._templates
+
+    def compile_later(self, grammar: str) -> Future:
+        """Compile a fresh grammar on the grammar thread (llguidance drops the GIL while it builds), so the
+        engine loop keeps stepping the other requests; hand the result to `processor(template=...)`. One
+        thread: fresh grammars wait for each other, never for the batch."""
+        return self._compiler.submit(self._compile, grammar)
+
+    def _compile(self, grammar: str):
+        import llguidance
+
+        self._ready.wait()
+        if self._tokenizer is None:
+            raise ValueError(f"structured outputs are unavailable: the grammar tokenizer failed to load "
+                             f"({self.load_error})")
+        template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise ValueError(f"grammar: {template.get_error()}")
+        # the first mask, once per grammar: a schema llguidance gives up on at the start is refused here
+        # (400) rather than run unconstrained; the mask is cached, so the copies reuse it
+        if not np.frombuffer(template.compute_bitmask(), dtype=np.uint8).any() or template.is_error():
+            raise ValueError(f"grammar: the schema cannot be enforced: "
+                             f"{template.get_error() or 'it allows no first token'}")
+        return template
+
+    def processor(self, grammar: str | None, bias: dict[int, float], request_id: str = "",
+                  template=None) -> Guide | None:
         """The request's logits processor (None when it has neither grammar nor bias); ValueError when the
-        grammar or bias cannot be used for this model."""
+        grammar or bias cannot be used for this model. `template`: the grammar compiled by `compile_later`;
+        without it a fresh grammar is compiled here, blocking."""
         if grammar is None and not bias:
             return None
         bad = [t for t in bias if not 0 <= t < self.vocab_size]
@@ -145,27 +181,14 @@ class GuidedDecoding:
         if grammar is not None:
             if not self.enabled:
                 raise ValueError("structured outputs need a model with the Kimi vocabulary (163840 ids)")
-            import llguidance
-
-            self._ready.wait()
-            if self._tokenizer is None:
-                raise ValueError(f"structured outputs are unavailable: the grammar tokenizer failed to load "
-                                 f"({self.load_error})")
-            template = self._templates.get(grammar)
             if template is None:
-                template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
-                if template.is_error():
-                    raise ValueError(f"grammar: {template.get_error()}")
-                # the first mask, once per grammar: a schema llguidance gives up on at the start is refused
-                # here (400) rather than run unconstrained; the mask is cached, so the copies reuse it
-                if not np.frombuffer(template.compute_bitmask(), dtype=np.uint8).any() or template.is_error():
-                    raise ValueError(f"grammar: the schema cannot be enforced: "
-                                     f"{template.get_error() or 'it allows no first token'}")
-                self._templates[grammar] = template
-                if len(self._templates) > TEMPLATE_CACHE:
-                    self._templates.popitem(last=False)
-            else:
-                self._templates.move_to_end(grammar)
+                template = self._templates.get(grammar)
+            if template is None:
+                template = self._compile(grammar)
+            self._templates[grammar] = template
+            self._templates.move_to_end(grammar)
+            if len(self._templates) > TEMPLATE_CACHE:
+                self._templates.popitem(last=False)
             # a fresh matcher costs ~1-2 ms on the engine loop, a copy of a pristine one ~2 us; many requests
             # share a grammar (one schema, one tool set)
             matcher = template.deep_copy()

@@ -50,6 +50,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hosts whose http(s) image URLs may be fetched (data: URLs are always accepted)")
     g.add_argument("--limit-images", type=int, default=8, help="images per request")
     g.add_argument("--max-image-bytes", type=int, default=20 << 20, help="bytes per image")
+    g.add_argument("--max-image-pixels", type=int, default=25_000_000,
+                   help="width x height per image, read from the image header before it is decoded; larger "
+                        "images get 413")
+    lim = p.add_argument_group("request limits (beyond them a request gets 413, before the costly work)")
+    lim.add_argument("--max-request-body-bytes", type=int, default=32 << 20,
+                     help="bytes of one request body, checked before it is parsed (default 32 MiB)")
+    lim.add_argument("--max-messages", type=int, default=10_000, help="messages of one chat request")
+    lim.add_argument("--max-prompt-chars", type=int, default=4 << 20,
+                     help="characters of text in one request's messages or prompt, counted before tokenizing")
+    lim.add_argument("--frontend-workers", type=int, default=2,
+                     help="threads that render chats, tokenize and decode images, off the HTTP event loop")
     lg = p.add_argument_group("logging")
     lg.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                     help="level of the HTTP server's (uvicorn's) own messages")
@@ -89,6 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def server_config(args: argparse.Namespace):
+    from k3serve.server.limits import RequestLimits
     from k3serve.server.media import MediaLimits
     from k3serve.server.state import ServerConfig
 
@@ -105,8 +117,10 @@ def server_config(args: argparse.Namespace):
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
-    if args.limit_images < 0 or args.max_image_bytes < 1:
-        raise ValueError("--limit-images must be >= 0 and --max-image-bytes >= 1")
+    if args.limit_images < 0 or args.max_image_bytes < 1 or args.max_image_pixels < 1:
+        raise ValueError("--limit-images must be >= 0, --max-image-bytes and --max-image-pixels >= 1")
+    limits = RequestLimits(max_body_bytes=args.max_request_body_bytes, max_messages=args.max_messages,
+                           max_prompt_chars=args.max_prompt_chars, frontend_workers=args.frontend_workers)
     if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if not args.log_stats_interval > 0:
@@ -126,8 +140,9 @@ def server_config(args: argparse.Namespace):
     return ServerConfig(model=path, served_model_names=tuple(args.served_model_name or (args.model,)),
                         api_key=api_key, api_contract=args.api_contract, chat_format=args.chat_format,
                         max_queued_requests=args.max_queued_requests, engine=engine,
-                        access_log=not args.disable_access_log,
+                        access_log=not args.disable_access_log, limits=limits,
                         media=MediaLimits(max_images=args.limit_images, max_image_bytes=args.max_image_bytes,
+                                          max_pixels=args.max_image_pixels,
                                           allowed_domains=tuple(d.lower() for d in args.allowed_media_domains)))
 
 

@@ -11,6 +11,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -23,6 +24,7 @@ from k3serve.server.chat_serving import chat_response, chat_stream
 from k3serve.server.completion_serving import completion_response, completion_stream, prepare_completion
 from k3serve.server.errors import error_response, install_handlers
 from k3serve.server.generation import EventStream, until_disconnected
+from k3serve.server.limits import BodyLimit, check_prompt_chars
 from k3serve.server.metrics import Metrics
 from k3serve.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from k3serve.server.state import ServerConfig, ServerState
@@ -98,12 +100,14 @@ def build_app(config: ServerConfig) -> FastAPI:
         finally:
             if state.client is not None:
                 await state.client.shutdown()
+            state.pool.shutdown()
 
     app = FastAPI(title="k3serve", version=VERSION, lifespan=lifespan,
                   description="OpenAI- and Anthropic-compatible server for Kimi K3-class models.")
     app.state.k3 = state
     install_handlers(app)
 
+    app.add_middleware(BodyLimit, limit=config.limits.max_body_bytes)  # inside the key check: 401 before 413
     app.add_middleware(_AuthAndErrors, state=state)
     if config.access_log:
         app.add_middleware(AccessLog)  # added last: outermost, so refused (401) requests are logged too
@@ -125,7 +129,7 @@ def build_app(config: ServerConfig) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request):
         model = model_name(body.model)
         state.admit(body.n or 1)
-        job = prepare_completion(state, body)
+        job = await state.pool.run(prepare_completion, state, body)
         if body.stream:
             return EventStream(completion_stream(state, job, model))
         return await until_disconnected(request, completion_response(state, job, model))
@@ -163,8 +167,12 @@ def build_app(config: ServerConfig) -> FastAPI:
                                                                     if k in ChatCompletionRequest.model_fields})
             ids = (await prepare_chat(state, chat)).prompt_ids
         else:
-            ids = [int(t) for t in state.tokenizer.encode(body.prompt, "all" if body.add_special_tokens else ())]
-        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+            check_prompt_chars(len(body.prompt), config.limits, "prompt")
+            ids = (await state.pool.run(state.tokenizer.encode, body.prompt,
+                                        "all" if body.add_special_tokens else ())).tolist()
+        # a long prompt's ids are millions of ints: encoded to JSON in a worker thread, not by FastAPI on the loop
+        body = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+        return Response(await state.pool.run(msgspec.json.encode, body), media_type="application/json")
 
     @app.post("/detokenize", summary="Token ids to text")
     async def detokenize(body: DetokenizeRequest):
@@ -172,7 +180,7 @@ def build_app(config: ServerConfig) -> FastAPI:
         bad = next((t for t in body.tokens if not 0 <= t < max(state.vocab_size, 163840)), None)
         if bad is not None:
             raise ValueError(f"tokens: id {bad} is outside the vocabulary")
-        return {"prompt": state.tokenizer.decode(body.tokens)}
+        return {"prompt": await state.pool.run(state.tokenizer.decode, body.tokens)}
 
     @app.get("/health", summary="200 when the engine process is up, 503 otherwise")
     async def health():

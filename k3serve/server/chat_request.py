@@ -1,6 +1,8 @@
 """A chat request turned into engine work: render with the model's chat format, encode per
 segment, expand image placeholders, pick sampling and (for forced tool calls / response_format)
-the grammar. Every bad input raises ValueError (HTTP 400)."""
+the grammar. Every bad input raises ValueError (HTTP 400; a request over the size limits 413). Message
+count and characters are checked first; image decoding, rendering and tokenizing run in the frontend's
+worker threads (`state.pool`), never on the event loop."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from k3serve.engine.sampling_params import SamplingParams
 from k3serve.models.vision_preprocess import K3_MEDIA_PROC, K25_MEDIA_PROC, num_image_tokens
 from k3serve.server.grammars import (all_strict, check_grammar, check_schema_size, json_grammar, strict_tools_grammar,
                                      tool_call_grammar)
+from k3serve.server.limits import check_chat_size
 from k3serve.server.media import engine_images, expand_media_spans, image_parts, load_images
 from k3serve.server.protocol import ChatCompletionRequest
 from k3serve.server.state import ServerState
@@ -86,7 +89,8 @@ def _renderable(fmt, options: ChatOptions, req: ChatCompletionRequest) -> ChatOp
 
 async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
     state.check_chat()
-    fmt, tok = state.fmt, state.tokenizer
+    check_chat_size(req.messages, state.config.limits)
+    fmt = state.fmt
     default_thinking = fmt.is_k3 or (fmt.k2_style is not None and fmt.k2_style.think != "none")
     thinking, effort = req.thinking_mode(default_thinking)
     if req.parallel_tool_calls is not None and not isinstance(req.parallel_tool_calls, bool):
@@ -96,7 +100,7 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
     if image_parts(req.messages) and not state.client.ready.supports_images:
         raise ValueError(f"messages: model {state.config.names[0]!r} takes text only (it has no vision tower); "
                          "remove the image parts")
-    images = await load_images(req.messages, state.config.media)
+    images = await load_images(req.messages, state.config.media, state.pool.run)
     tool_choice = req.tool_choice
     if tool_choice is None and req.tools is not None and not isinstance(req.tools, list):
         raise ValueError("tools: must be an array")
@@ -105,8 +109,18 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
     if isinstance(req.tools, list) and not req.tools and tool_choice == "required":
         raise ValueError("tool_choice: 'required' needs at least one tool")
     _check_schema_sizes(req)
+    job, spans = await state.pool.run(_build, state, req, options, include_usage)
+    media = K3_MEDIA_PROC if state.fmt.is_k3 else K25_MEDIA_PROC
+    job.images = await engine_images(images, spans, media, state.pool.run)
+    return job
+
+
+def _build(state: ServerState, req: ChatCompletionRequest, options: ChatOptions,
+           include_usage: bool) -> tuple[ChatJob, list[tuple[int, int]]]:
+    """Render, encode and pick the grammar (a worker thread's part); also each image's placeholder run."""
+    fmt, tok = state.fmt, state.tokenizer
     prompt = fmt.render(req.messages, req.tools if req.tools else None, _renderable(fmt, options, req))
-    ids = [int(t) for t in tok.encode_segments(prompt.token_segments())]
+    ids = tok.encode_segments(prompt.token_segments()).tolist()
     media = K3_MEDIA_PROC if fmt.is_k3 else K25_MEDIA_PROC
     ids, spans = expand_media_spans(ids, [num_image_tokens(w, h, media) for w, h in options.image_sizes])
     state.check_ids(ids)
@@ -115,11 +129,10 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
     grammar = _grammar(state, req, prompt, options, tools)
     if grammar is not None:
         check_grammar(grammar)
-    sampling = req.to_sampling_params(state.contract, thinking=thinking, prompt_len=len(ids),
+    sampling = req.to_sampling_params(state.contract, thinking=options.thinking, prompt_len=len(ids),
                                       max_model_len=state.max_model_len)
-    pixels = await engine_images(images, spans, media)
-    return ChatJob(prompt=prompt, prompt_ids=ids, usage_prompt_tokens=len(ids) - stub, sampling=sampling,
-                   tools=tools, grammar=grammar,
-                   logit_bias=req.logit_bias_ids(state.contract), top_logprobs=req.logprob_count(),
-                   include_usage=include_usage, one_call=req.parallel_tool_calls is False and bool(tools),
-                   images=pixels)
+    job = ChatJob(prompt=prompt, prompt_ids=ids, usage_prompt_tokens=len(ids) - stub, sampling=sampling,
+                  tools=tools, grammar=grammar,
+                  logit_bias=req.logit_bias_ids(state.contract), top_logprobs=req.logprob_count(),
+                  include_usage=include_usage, one_call=req.parallel_tool_calls is False and bool(tools))
+    return job, spans

@@ -12,6 +12,7 @@ from k3serve.core.errors import error_body
 from k3serve.engine.client import EngineBusy, EngineDead
 from k3serve.engine.sampling_params import SamplingParams, fan_out
 from k3serve.server.choice import ChoiceDecoder, token_str
+from k3serve.server.limits import check_prompt_chars
 from k3serve.server.generation import SSE_DONE, Timer, new_id, run_requests, sse, usage
 from k3serve.server.protocol import CompletionRequest
 from k3serve.server.state import ServerState
@@ -34,6 +35,7 @@ class CompletionJob:
 
 
 def prepare_completion(state: ServerState, req: CompletionRequest) -> CompletionJob:
+    """The engine work of a request; tokenizes, so the server runs it in its worker pool."""
     p = req.prompt
     if isinstance(p, str) or (isinstance(p, list) and p and all(isinstance(t, int) for t in p)):
         raw: list[Any] = [p]
@@ -41,6 +43,7 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Completion
         raw = list(p)
     if not raw:
         raise ValueError("prompt: must not be empty")
+    check_prompt_chars(sum(len(item) for item in raw if isinstance(item, str)), state.config.limits, "prompt")
     prompts, texts = [], []
     for item in raw:
         ids = [int(t) for t in state.tokenizer.encode(item)] if isinstance(item, str) else list(item)

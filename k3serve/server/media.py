@@ -4,6 +4,9 @@ Base64 `data:` URLs are decoded locally. Remote URLs are refused unless their ho
 `--allowed-media-domains` (then fetched with a timeout and a size cap). Each image is opened with
 Pillow (bad data is a 400), counted against `--limit-images`, and reported by its original
 width x height, which the K3 renderer writes into the prompt and which sets its vision-token count.
+Pillow reads the declared width x height from the header without decompressing; the pixel limit is
+checked on it first, so a small file claiming a huge image costs nothing. Decoding and preprocessing
+run through `run` (the server's worker pool), off the event loop.
 `engine_images` then preprocesses each image (`models.vision_preprocess`: resize, pad, normalise,
 patchify) into an `ImageData` message, raw float32 pixel bytes + shape + grid, for the engine.
 """
@@ -14,7 +17,7 @@ import asyncio
 import base64
 import binascii
 import io
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -31,7 +34,7 @@ MEDIA_PAD_ID = 163605
 class MediaLimits:
     max_images: int = 8
     max_image_bytes: int = 20 << 20
-    max_pixels: int = 64 << 20
+    max_pixels: int = 25_000_000  # a 6000x4000 photo; decoding is ~3 bytes a pixel (and time) in the frontend
     allowed_domains: tuple[str, ...] = ()
     fetch_timeout_s: float = 10.0
 
@@ -93,22 +96,34 @@ def open_image(data: bytes, k: int, limits: MediaLimits) -> Image.Image:
         img = Image.open(io.BytesIO(data))
         w, h = img.size
         if w * h > limits.max_pixels:
-            raise ValueError(f"image {k}: {w}x{h} exceeds {limits.max_pixels} pixels")
+            from k3serve.server.limits import too_large
+
+            raise too_large(f"image {k}: {w}x{h} exceeds this server's limit of {limits.max_pixels} pixels "
+                            "(--max-image-pixels)", "messages")
         img.load()
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError):
         raise ValueError(f"image {k}: not a readable image") from None
     return img
 
 
-async def load_images(messages: Sequence[Any], limits: MediaLimits) -> list[Image.Image]:
+Run = Callable[..., Awaitable[Any]]
+
+
+async def _inline(fn, *args):
+    return fn(*args)
+
+
+async def load_images(messages: Sequence[Any], limits: MediaLimits, run: Run = _inline) -> list[Image.Image]:
+    """Decode the request's images; `run(fn, *args)` runs the base64 decode and the image decode (the
+    server passes its worker pool, so none of it blocks the event loop)."""
     parts = image_parts(messages)
     if len(parts) > limits.max_images:
         raise ValueError(f"messages: at most {limits.max_images} images per request, got {len(parts)}")
     images = []
     for k, payload in enumerate(parts):
         url = _url(payload, k)
-        data = _decode_data_url(url, k, limits) if url.startswith("data:") else await _fetch(url, k, limits)
-        images.append(open_image(data, k, limits))
+        data = await run(_decode_data_url, url, k, limits) if url.startswith("data:") else await _fetch(url, k, limits)
+        images.append(await run(open_image, data, k, limits))
     return images
 
 
@@ -149,10 +164,10 @@ def _image_data(image: Image.Image, span: tuple[int, int], k: int, media: MediaP
 
 
 async def engine_images(images: Sequence[Image.Image], spans: Sequence[tuple[int, int]],
-                        media: MediaProcConfig) -> list[ImageData]:
-    """Preprocess each image for the vision tower (in a worker thread: resizing is CPU work) into the
-    typed message the engine takes; `spans` are the images' placeholder runs in the prompt."""
+                        media: MediaProcConfig, run: Run | None = None) -> list[ImageData]:
+    """Preprocess each image for the vision tower (through `run`, default a worker thread: resizing is
+    CPU work) into the typed message the engine takes; `spans` are the images' placeholder runs."""
     if not images:
         return []
-    return await asyncio.to_thread(
+    return await (run or asyncio.to_thread)(
         lambda: [_image_data(im, span, k, media) for k, (im, span) in enumerate(zip(images, spans))])

@@ -20,6 +20,7 @@ KIMI_TEMPERATURES = (0.0, 0.6, 1.0)
 KIMI_TOP_P = 0.95
 MAX_N = 16
 MAX_STOP = 4
+MAX_LOGIT_BIAS = 300  # entries; the engine adds each one to every step's logits
 MAX_DEPTH = 64  # nesting of any JSON value in a body (json.dumps, templates and llguidance recurse on it)
 INT32 = 2**31 - 1  # token ids, counts and budgets: the engine and msgspec carry them as fixed-width ints
 
@@ -154,6 +155,8 @@ class SamplingFields(_Body):
             return {}
         if contract == "kimi":
             raise ValueError("logit_bias: not supported by this model's API contract")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(self.logit_bias)}")
         out = {}
         for k, v in self.logit_bias.items():
             # a token id has at most 10 digits; int() of a longer one is an overflow or a slow parse

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3serve.server.limits import FrontendPool, RequestLimits
 from k3serve.server.media import MediaLimits
 
 CONTRACTS = ("kimi", "openai")
@@ -22,6 +23,7 @@ class ServerConfig:
     chat_format: str | None = None  # None: from the model's model_type
     max_queued_requests: int = 1024
     media: MediaLimits = field(default_factory=MediaLimits)
+    limits: RequestLimits = field(default_factory=RequestLimits)  # body, messages, characters, worker threads
     engine: dict[str, Any] = field(default_factory=dict)  # CoreSpec fields except the model and addresses
     startup_timeout_s: float = 300.0
     access_log: bool = True  # one line per request (server/access_log.py)
@@ -50,6 +52,10 @@ class ServerState:
     started: float = field(default_factory=time.time)
     startup_error: str | None = None
     no_chat: str | None = None  # why this model cannot serve chat (its vocabulary lacks the control tokens)
+    pool: FrontendPool = field(init=False)  # rendering, tokenizing, image decoding: off the event loop
+
+    def __post_init__(self) -> None:
+        self.pool = FrontendPool(self.config.limits.frontend_workers)
 
     def check_api_key(self, header: str | None) -> bool:
         key = self.config.api_key

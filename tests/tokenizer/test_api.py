@@ -243,3 +243,14 @@ def test_vocabulary_file_is_the_published_one():
 
     assert hashlib.sha256(kimi.VOCAB_PATH.read_bytes()).hexdigest() == kimi.VOCAB_SHA256
     assert (kimi.DATA_DIR / "README.md").read_text().count("MIT") >= 1
+
+
+def test_many_small_segments_stay_linear(tok):
+    """Issue 50: a chat of 200,000 short messages. Each segment used to reserve the output to its exact
+    new size, reallocating and copying the whole output per segment (minutes at this size before the fix,
+    a fraction of a second after); the ids must equal the per-segment encodings laid end to end."""
+    turn = [("<|im_user|>user<|im_middle|>", True), ("hi", False), ("<|im_end|>", True)]
+    one = tok.encode_segments(turn).tolist()
+    ids = tok.encode_segments(turn * 200_000)
+    assert len(ids) == 200_000 * len(one)
+    assert ids[: 2 * len(one)].tolist() == one * 2 and ids[-len(one):].tolist() == one

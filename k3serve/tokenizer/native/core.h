@@ -132,7 +132,10 @@ class Core {
 
   // allowed: nullptr = no special token is recognised; else allowed[k] != 0 for recognised ones.
   void encode(const uint8_t* s, size_t n, const uint8_t* allowed, std::vector<uint32_t>& out) const {
-    out.reserve(out.size() + n / 4 + 16);
+    // Grow geometrically: reserving the exact size for each call would reallocate (and copy the whole
+    // output) once per segment, quadratic in the number of segments of one prompt.
+    size_t want = out.size() + n / 4 + 16;
+    if (want > out.capacity()) out.reserve(std::max(want, 2 * out.capacity()));
     PieceCache& pc = piece_cache();
     const uint8_t* end = s + n;
     if (!allowed || specials_.empty()) {
