@@ -71,6 +71,10 @@ class EngineClient:
         self._aborts: list[str] = []
         self._abort_wake = asyncio.Event()
         self._closed = False
+        # admission reservations: a request's slots are held from its handler's admission check until the
+        # request's task ends (its response fully sent), so a burst cannot pass the check before any of its
+        # streams exist and then overflow inside a stream that already answered 200
+        self._held: dict[asyncio.Task, int] = {}
 
     # lifecycle ----------------------------------------------------------------------------------
 
@@ -168,11 +172,29 @@ class EngineClient:
     # requests -----------------------------------------------------------------------------------
 
     def check_admission(self, n: int = 1) -> None:
+        """Admit ``n`` engine requests for the calling request's task or raise (EngineDead, EngineBusy),
+        before any response byte is sent. The slots stay reserved until that task ends; a second check
+        in the same task replaces the first reservation."""
         if not self.alive:
             raise EngineDead(self.dead_reason or "the engine is not ready")
-        if len(self._streams) + n > self.max_queued_requests:
-            raise EngineBusy(f"the server already holds {len(self._streams)} requests "
+        task = asyncio.current_task()
+        others = sum(v for t, v in self._held.items() if t is not task)
+        # streams started without an admission check (direct users of generate) count too
+        load = max(others, len(self._streams) - self._held.get(task, 0))
+        if load + n > self.max_queued_requests:
+            raise EngineBusy(f"the server already holds {load} requests "
                              f"(--max-queued-requests {self.max_queued_requests})")
+        if task is not None:
+            if task not in self._held:
+                task.add_done_callback(self._release)
+            self._held[task] = n
+
+    def _release(self, task: asyncio.Task) -> None:
+        self._held.pop(task, None)
+
+    @property
+    def num_admitted(self) -> int:
+        return sum(self._held.values())
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                        grammar: str | None = None, logit_bias: dict[int, float] | None = None,
@@ -180,7 +202,12 @@ class EngineClient:
         """Yield the request's step outputs until it finishes; leaving early aborts it in the engine.
         ``params`` are one sample's (n = 1: ``fan_out`` expands n); ``images`` fill the prompt's media
         placeholder spans. Raises EngineDead, or ValueError when the engine refuses the request."""
-        self.check_admission()
+        if not self.alive:
+            raise EngineDead(self.dead_reason or "the engine is not ready")
+        # admitted requests reserved their slots (check_admission); this only stops unadmitted callers
+        if len(self._streams) >= max(self.max_queued_requests, self.num_admitted):
+            raise EngineBusy(f"the server already holds {len(self._streams)} requests "
+                             f"(--max-queued-requests {self.max_queued_requests})")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
         q: asyncio.Queue[Output | Exception] = asyncio.Queue()
