@@ -8,13 +8,17 @@ The HTTP server is one user, tests another:
     await client.shutdown()
 
 An engine process that dies or reports a fatal error is noticed within half a second: every
-in-flight request fails with `EngineDead` (HTTP 503) and `/health` turns 503; nothing hangs.
+in-flight request fails with `EngineDead` (HTTP 503) and `/health` turns 503; nothing hangs. Then, up to
+``max_restarts`` times in the client's life, a new engine process is started on the same sockets (its
+caches start empty; `state` reads "restarting" meanwhile); past that the client stays "dead" and
+`gave_up` is set, so the server can exit non-zero for its supervisor to act.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -44,6 +48,9 @@ from k3serve.engine.messages import (
 from k3serve.engine.sampling_params import SamplingParams
 
 
+log = logging.getLogger("k3serve.engine")
+
+
 class EngineDead(Exception):
     """The engine process is gone (or never started); the request cannot be served."""
 
@@ -53,8 +60,14 @@ class EngineBusy(Exception):
 
 
 class EngineClient:
-    def __init__(self, spec_kwargs: dict, *, max_queued_requests: int = 1024, startup_timeout_s: float = 300.0):
+    def __init__(self, spec_kwargs: dict, *, max_queued_requests: int = 1024, startup_timeout_s: float = 300.0,
+                 max_restarts: int = 0):
         self._spec_kwargs = spec_kwargs
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.state = "starting"  # starting | ready | restarting | dead
+        self.gave_up = asyncio.Event()
+        self._ready_seen = asyncio.Event()
         self.max_queued_requests = max_queued_requests
         self.startup_timeout_s = startup_timeout_s
         self.ready: Ready | None = None
@@ -82,17 +95,11 @@ class EngineClient:
         in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
         self._push.bind(in_addr)
         self._pull.bind(out_addr)
-        spec = CoreSpec(input_addr=in_addr, output_addr=out_addr, **self._spec_kwargs)
-        # started from the event loop's thread: the engine gets SIGTERM if this process dies (core/process.py)
-        self._proc = subprocess.Popen([sys.executable, "-m", "k3serve.engine.core",
-                                       msgspec.json.encode(spec).decode()], stdin=subprocess.DEVNULL,
-                                      env=child_env())
+        self._spec = CoreSpec(input_addr=in_addr, output_addr=out_addr, **self._spec_kwargs)
+        self._spawn()
         deadline = time.monotonic() + self.startup_timeout_s
         while self.ready is None:
-            if self._proc.poll() is not None:
-                raise EngineDead(f"the engine process exited with code {self._proc.returncode} while starting")
-            if time.monotonic() > deadline:
-                raise EngineDead(f"the engine did not start within {self.startup_timeout_s:.0f}s")
+            self._check_starting(deadline)
             if await self._pull.poll(200):
                 msg = from_engine_decoder.decode(await self._pull.recv())
                 if isinstance(msg, Fatal):
@@ -100,8 +107,21 @@ class EngineClient:
                 if isinstance(msg, Ready):
                     self.ready, self.stats = msg, msg.stats
         self.last_heard = time.monotonic()
+        self.state = "ready"
         self._tasks = [asyncio.create_task(c) for c in (self._read(), self._watch(), self._flush_aborts())]
         return self.ready
+
+    def _spawn(self) -> None:
+        # started from the event loop's thread: the engine gets SIGTERM if this process dies (core/process.py)
+        self._proc = subprocess.Popen([sys.executable, "-m", "k3serve.engine.core",
+                                       msgspec.json.encode(self._spec).decode()], stdin=subprocess.DEVNULL,
+                                      env=child_env())
+
+    def _check_starting(self, deadline: float) -> None:
+        if self._proc.poll() is not None:
+            raise EngineDead(f"the engine process exited with code {self._proc.returncode} while starting")
+        if time.monotonic() > deadline:
+            raise EngineDead(f"the engine did not start within {self.startup_timeout_s:.0f}s")
 
     async def shutdown(self) -> None:
         """Stop the engine process (idempotent). One still loading cannot read Shutdown: it gets SIGTERM."""
@@ -162,12 +182,49 @@ class EngineClient:
                             del self._streams[out.request_id]
             elif isinstance(msg, Fatal):
                 self._mark_dead(f"engine error: {msg.message}")
+            elif isinstance(msg, Ready):  # a restarted engine
+                self.ready, self.stats = msg, msg.stats
+                self._ready_seen.set()
 
     async def _watch(self) -> None:
-        while self.dead_reason is None:
+        while not self._closed:
             await asyncio.sleep(0.5)
-            if self._proc is not None and self._proc.poll() is not None:
+            if self.dead_reason is None and self._proc is not None and self._proc.poll() is not None:
                 self._mark_dead(f"the engine process exited (code {self._proc.returncode})")
+            if self.dead_reason is None or self._closed:
+                continue
+            if self.restarts >= self.max_restarts:
+                self.state = "dead"
+                log.error("engine dead (%s); %d restart(s) allowed, %d used: giving up", self.dead_reason,
+                          self.max_restarts, self.restarts)
+                self.gave_up.set()
+                return
+            await self._restart()
+
+    async def _restart(self) -> None:
+        """A new engine process on the same sockets; its caches start empty."""
+        self.restarts += 1
+        self.state = "restarting"
+        log.warning("engine dead (%s): restarting it (%d of %d)", self.dead_reason, self.restarts,
+                    self.max_restarts)
+        if self._proc is not None and self._proc.poll() is None:  # a fatal error left it running
+            self._proc.kill()
+        if self._proc is not None:
+            await asyncio.to_thread(self._proc.wait)  # reaped: no zombie
+        self._ready_seen.clear()
+        self._spawn()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self._ready_seen.is_set():
+            try:
+                self._check_starting(deadline)
+            except EngineDead as e:
+                self.dead_reason = str(e)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready_seen.wait(), 0.2)
+        self.last_heard = time.monotonic()
+        self.dead_reason, self.state = None, "ready"
+        log.warning("engine restarted (pid %d)", self._proc.pid)
 
     # requests -----------------------------------------------------------------------------------
 
