@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -339,7 +339,12 @@ def build_app(config: RouterConfig) -> FastAPI:
     return app
 
 
-def serve(config: RouterConfig, host: str, port: int, log_level: str = "warning") -> None:
+def serve(config: RouterConfig, host: str, port: int, log_level: str = "warning",
+          beside: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Run the router until stopped; ``beside()`` (e.g. a replica supervisor) runs on the same event loop,
+    in this (the main) thread, and is cancelled when the router stops."""
+    import asyncio
+
     import uvicorn
 
     from k3serve.core.process import graceful_sighup
@@ -348,6 +353,15 @@ def serve(config: RouterConfig, host: str, port: int, log_level: str = "warning"
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = uvicorn.Server(uvicorn.Config(build_app(config), host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=5))
+
+    async def main() -> None:
+        task = asyncio.create_task(beside()) if beside is not None else None
+        try:
+            await server.serve()
+        finally:
+            if task is not None:
+                task.cancel()
+
     with graceful_sighup(server.handle_exit):
-        server.run()
+        asyncio.run(main())
 
