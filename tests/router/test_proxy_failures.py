@@ -119,3 +119,18 @@ def test_hung_replica_fails_over_once_then_504_json(fakes):
         err = r.json()["error"]
         assert err["code"] == "replica_timeout" and err["type"] == "server_error"
         assert a.posts + b.posts == 2  # tried on one, failed over once to the other
+
+
+def test_only_repeated_failures_remove_a_replica(fakes):
+    fake = fakes()
+    cfg = RouterConfig(replicas=(fake.url,), policy="round_robin", health_interval_s=60)
+    with TestClient(build_app(cfg)) as client:
+        reps = client.app.state.proxy.replicas
+        reps.report_failure(0, "ReadError")
+        reps.report_failure(0, "ReadError")
+        reps.report_ok(0)  # an answer in between: the count starts again
+        reps.report_failure(0, "ReadError")
+        reps.report_failure(0, "ReadError")
+        assert reps.routable() == [0]
+        reps.report_failure(0, "ReadTimeout")
+        assert reps.routable() == [] and "3 requests in a row" in reps.replicas[0].down_reason
