@@ -9,7 +9,8 @@ from __future__ import annotations
 # HTTP status -> the error object's "type" (an unknown status reads as a bad request)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-               429: "rate_limit_exceeded", 500: "server_error", 503: "service_unavailable"}
+               429: "rate_limit_exceeded", 500: "server_error", 502: "server_error",
+               503: "service_unavailable", 504: "server_error"}
 
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:

@@ -21,6 +21,7 @@ import socket
 from k3serve.entrypoints.generate_cli import DEFAULT_MODEL, add_download_arguments
 
 API_KEY_ENV = "K3SERVE_API_KEY"  # like vLLM's VLLM_API_KEY: a key on the command line is visible to `ps`
+ENGINE_GONE = -1  # in `stopped`: the engine died for good (not a signal)
 _UNSUPPORTED_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "nnodes")
 
 
@@ -61,6 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="characters of text in one request's messages or prompt, counted before tokenizing")
     lim.add_argument("--frontend-workers", type=int, default=2,
                      help="threads that render chats, tokenize and decode images, off the HTTP event loop")
+    sup = p.add_argument_group("supervision")
+    sup.add_argument("--max-engine-restarts", type=int, default=3,
+                     help="when the engine process dies, requests in flight get 503 and a new engine starts "
+                          "(empty caches), at most this many times; after that, or with 0, the server exits "
+                          "with code 1 for a supervisor (systemd, Kubernetes) to restart it")
     lg = p.add_argument_group("logging")
     lg.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                     help="level of the HTTP server's (uvicorn's) own messages")
@@ -141,6 +147,7 @@ def server_config(args: argparse.Namespace):
                         api_key=api_key, api_contract=args.api_contract, chat_format=args.chat_format,
                         max_queued_requests=args.max_queued_requests, engine=engine,
                         access_log=not args.disable_access_log, limits=limits,
+                        max_engine_restarts=args.max_engine_restarts,
                         media=MediaLimits(max_images=args.limit_images, max_image_bytes=args.max_image_bytes,
                                           max_pixels=args.max_image_pixels,
                                           allowed_domains=tuple(d.lower() for d in args.allowed_media_domains)))
@@ -185,7 +192,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def exit_code(stopped: list[int]) -> int:
-    """0 after a requested stop (SIGTERM, SIGHUP), 130 after Ctrl-C, as a shell expects."""
+    """0 after a requested stop (SIGTERM, SIGHUP), 130 after Ctrl-C, as a shell expects; 1 when the
+    engine died past --max-engine-restarts."""
+    if ENGINE_GONE in stopped:
+        return 1
     return 130 if signal.SIGINT in stopped else 0
 
 
@@ -232,7 +242,17 @@ async def _serve(app, args: argparse.Namespace, sock: socket.socket, stopped: li
                   flush=True)
             server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False,
                                                   timeout_graceful_shutdown=5))
-            await server.serve(sockets=[sock])
+
+            async def exit_when_engine_gone() -> None:
+                await state.client.gave_up.wait()
+                stopped.append(ENGINE_GONE)
+                server.should_exit = True
+
+            watcher = asyncio.create_task(exit_when_engine_gone())
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                watcher.cancel()
         finally:
             if state.client is not None:
                 await state.client.shutdown()

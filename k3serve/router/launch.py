@@ -1,6 +1,10 @@
 """``k3serve serve --replicas N``: N local replicas (each ``k3serve serve`` = HTTP server + engine
 process, on a free port of 127.0.0.1, publishing KV events) behind the KV-aware router.
 
+A replica that exits while the router runs (its engine gone past its own restarts, a crash, a kill) is
+reaped at once and started again on the same port, at most REPLICA_RESTARTS times each; the router
+re-admits it by its URL when its /health passes.
+
 The replicas are child processes of this one; they are stopped (SIGTERM, then SIGKILL after 15 s) when
 the router exits, however it exits: on SIGTERM, SIGINT or SIGHUP this process stops its replicas first,
 and if it is SIGKILLed they get SIGTERM from the kernel (core/process.py), and stop their engines.
@@ -8,7 +12,9 @@ and if it is SIGKILLed they get SIGTERM from the kernel (core/process.py), and s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import subprocess
@@ -19,6 +25,10 @@ import httpx
 
 from k3serve.core.process import Stopped, child_env, on_stop_signals
 from k3serve.router.proxy import RouterConfig, serve
+
+log = logging.getLogger("k3serve.router")
+REPLICA_RESTARTS = 3  # per replica, over the launcher's life
+SUPERVISE_INTERVAL_S = 1.0
 
 
 def free_port() -> int:
@@ -61,6 +71,26 @@ def stop_replicas(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+async def supervise(procs: list[subprocess.Popen], serve_argv: list[str], ports: list[int],
+                    restarts: int = REPLICA_RESTARTS, interval_s: float = SUPERVISE_INTERVAL_S) -> None:
+    """Reap replicas that exited (no zombies) and start them again, ``restarts`` times each at most.
+    Runs on the main thread's event loop: a replica started here still dies with this process."""
+    used = [0] * len(procs)
+    while True:
+        await asyncio.sleep(interval_s)
+        for i, p in enumerate(procs):
+            if p.returncode is not None or p.poll() is None:  # poll() reaps an exited child
+                continue
+            if used[i] >= restarts:
+                log.error("replica on port %d exited (code %d); its %d restarts are spent: it stays down",
+                          ports[i], p.returncode, restarts)
+                continue
+            used[i] += 1
+            log.warning("replica on port %d exited (code %d): restarting it (%d of %d)", ports[i], p.returncode,
+                        used[i], restarts)
+            procs[i] = start_replica(serve_argv, ports[i])
+
+
 def serve_replicas(serve_argv: list[str], replicas: int, config: RouterConfig | None, host: str, port: int,
                    log_level: str = "warning", startup_timeout_s: float = 600.0) -> int:
     """Start the replicas, wait until all are healthy, then run the router until it is stopped
@@ -77,7 +107,7 @@ def serve_replicas(serve_argv: list[str], replicas: int, config: RouterConfig | 
             config = RouterConfig(replicas=tuple(urls)) if config is None else config
             print(f"k3serve: {replicas} replicas ({', '.join(urls)}) behind a {config.policy} router on "
                   f"http://{host}:{port}", flush=True)
-            serve(config, host, port, log_level)
+            serve(config, host, port, log_level, beside=lambda: supervise(procs, serve_argv, ports))
         except RuntimeError as e:
             raise ValueError(str(e)) from None
         except Stopped as e:

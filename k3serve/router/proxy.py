@@ -8,8 +8,13 @@ token-id completion prompt needs no call), hash its blocks with ``core.hashing``
 for a replica among the healthy ones, forward the body untouched and pass the answer back (SSE
 streams chunk by chunk). ``on_first_token`` / ``on_finished`` keep the load counters honest.
 
-Failures: a request whose replica cannot be reached, or answers 503, before any byte went to the client
-is retried on another replica (the replica is taken out until its health check passes again). A stream
+Failures: a request whose replica refuses the connection, or answers 503, before any byte went to the client
+is retried on another replica (the replica is taken out until its health check passes again). A connection
+that breaks before any answer is first retried once on a fresh connection to the same replica (a replica
+closes its keep-alive connection after its own 5xx; the pool may hand out that dead connection once), and
+counts against the replica only if that fails too; REQUEST_FAILURES such failures in a row remove it. A
+replica that answers nothing within ``request_timeout_s`` (hung) counts as failed and the request fails
+over once; then the client gets a 504 error object, never a bare-text 500. A stream
 whose replica dies after bytes went out ends with an ``{"error": ...}`` SSE frame and ``[DONE]`` (the
 convention the replicas use for their own mid-stream errors).
 ``/v1/messages`` (Anthropic) is forwarded by load only (no prefix lookup).
@@ -20,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +82,13 @@ class RouterConfig:
 class ReplicaUnavailable(Exception):
     """The chosen replica could not take the request; try another."""
 
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+_BROKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)  # a connection that died under us
+
 
 def error(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse(error_body(status, message, code), status_code=status)  # what the replicas send
@@ -95,6 +107,9 @@ class Proxy:
                              SnapshotRule(interval=config.snapshot_interval_blocks, branch=False))
         self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(config.request_timeout_s, connect=2.0),
                                         limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+        # for the one retry after a broken connection: never a pooled (perhaps equally stale) one
+        self.fresh = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(config.request_timeout_s, connect=2.0),
+                                       limits=httpx.Limits(max_keepalive_connections=0))
         self.replicas = ReplicaSet(list(config.replicas), self.router, self.client, config.health_interval_s)
         self.metrics = RouterMetrics(self)
         self._tokenize_turn = 0
@@ -126,8 +141,11 @@ class Proxy:
             rid = ids[self._tokenize_turn % len(ids)]
             try:
                 resp = await self.client.post(self.config.replicas[rid] + "/tokenize", json=query, headers=headers)
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
+            except httpx.ConnectError as e:
                 self.replicas.mark_failed(rid, f"tokenize: {type(e).__name__}")
+                continue
+            except httpx.HTTPError as e:  # a stale keep-alive connection or a slow replica: not a removal yet
+                self.replicas.report_failure(rid, f"tokenize: {type(e).__name__}")
                 continue
             if resp.status_code == 503:
                 continue
@@ -163,10 +181,14 @@ class Proxy:
         session = request.headers.get(self.config.session_header)
         stream = bool(body.get("stream"))
         tried: set[int] = set()
+        timeouts = 0
         while True:
             routable = [r for r in self.replicas.routable() if r not in tried]
-            if not routable:
+            if not routable or timeouts > 1:  # a hung replica's request fails over once, not round the fleet
                 self.metrics.failed.inc()
+                if timeouts:
+                    return error(504, f"no replica answered within {self.config.request_timeout_s:g} s",
+                                 "replica_timeout")
                 return error(503, "no healthy replica could take the request", "no_replica")
             rid = uuid.uuid4().hex
             decision = self.router.route(rid, hashes, prompt_blocks, decode_blocks, session, routable)
@@ -177,20 +199,31 @@ class Proxy:
             except ReplicaUnavailable as e:
                 self.router.on_finished(rid)
                 self.metrics.retries.inc()
+                timeouts += e.timed_out
                 log.warning("retrying a request elsewhere: %s", e)
 
     async def _send(self, path: str, raw: bytes, headers: dict[str, str], replica: int, rid: str,
                     stream: bool) -> Response:
         url = self.config.replicas[replica] + path
-        req = self.client.build_request("POST", url, content=raw, headers=headers)
         try:
-            resp = await self.client.send(req, stream=True)
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+            try:
+                resp = await self.client.send(self.client.build_request("POST", url, content=raw, headers=headers),
+                                              stream=True)
+            except _BROKEN:  # perhaps a keep-alive connection the replica had closed: once more, fresh
+                resp = await self.fresh.send(self.fresh.build_request("POST", url, content=raw, headers=headers),
+                                             stream=True)
+        except httpx.ConnectError as e:  # refused: nothing is listening there
             self.replicas.mark_failed(replica, f"{type(e).__name__} on {path}")
             raise ReplicaUnavailable(f"replica {replica}: {type(e).__name__}") from None
+        except httpx.HTTPError as e:
+            self.replicas.report_failure(replica, f"{type(e).__name__} on {path}")
+            raise ReplicaUnavailable(f"replica {replica}: {type(e).__name__}",
+                                     timed_out=isinstance(e, httpx.TimeoutException)) from None
         except BaseException:
             self.router.on_finished(rid)
             raise
+        if resp.status_code != 503:
+            self.replicas.report_ok(replica)  # it answered: whatever the status, its connection works
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
         try:
             if resp.status_code == 503:  # its engine is gone: someone else serves it
@@ -206,10 +239,11 @@ class Proxy:
                 return Response(content, resp.status_code, headers=out_headers)
             chunks = resp.aiter_raw()
             first = await chunks.__anext__()  # nothing sent to the client yet: a failure here is retried
-        except (httpx.RemoteProtocolError, httpx.ReadError, StopAsyncIteration) as e:
+        except (httpx.HTTPError, StopAsyncIteration) as e:
             await resp.aclose()
-            self.replicas.mark_failed(replica, f"{type(e).__name__} before the first byte")
-            raise ReplicaUnavailable(f"replica {replica} failed before answering") from None
+            self.replicas.report_failure(replica, f"{type(e).__name__} before the first byte")
+            raise ReplicaUnavailable(f"replica {replica} failed before answering",
+                                     timed_out=isinstance(e, httpx.TimeoutException)) from None
         except ReplicaUnavailable:
             raise
         except BaseException:
@@ -229,8 +263,8 @@ class Proxy:
                 yield chunk
         except httpx.HTTPError as e:
             status = 502
-            if isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError)):
-                self.replicas.mark_failed(replica, f"{type(e).__name__} mid-stream")
+            if isinstance(e, (*_BROKEN, httpx.TimeoutException)):
+                self.replicas.report_failure(replica, f"{type(e).__name__} mid-stream")
             yield sse_error(f"the replica serving this stream failed mid-stream ({type(e).__name__}); "
                             "the response is incomplete")
         finally:
@@ -259,6 +293,7 @@ def build_app(config: RouterConfig) -> FastAPI:
         finally:
             await proxy.replicas.stop()
             await proxy.client.aclose()
+            await proxy.fresh.aclose()
 
     app = FastAPI(title="k3serve router", lifespan=lifespan,
                   description="KV-cache-aware router in front of k3serve replicas (OpenAI-compatible).")
@@ -304,7 +339,12 @@ def build_app(config: RouterConfig) -> FastAPI:
     return app
 
 
-def serve(config: RouterConfig, host: str, port: int, log_level: str = "warning") -> None:
+def serve(config: RouterConfig, host: str, port: int, log_level: str = "warning",
+          beside: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Run the router until stopped; ``beside()`` (e.g. a replica supervisor) runs on the same event loop,
+    in this (the main) thread, and is cancelled when the router stops."""
+    import asyncio
+
     import uvicorn
 
     from k3serve.core.process import graceful_sighup
@@ -313,6 +353,15 @@ def serve(config: RouterConfig, host: str, port: int, log_level: str = "warning"
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = uvicorn.Server(uvicorn.Config(build_app(config), host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=5))
+
+    async def main() -> None:
+        task = asyncio.create_task(beside()) if beside is not None else None
+        try:
+            await server.serve()
+        finally:
+            if task is not None:
+                task.cancel()
+
     with graceful_sighup(server.handle_exit):
-        server.run()
+        asyncio.run(main())
 

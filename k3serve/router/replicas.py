@@ -32,6 +32,7 @@ log = logging.getLogger("k3serve.router")
 RESYNC_TIMEOUT_S = 5.0
 HEALTH_TIMEOUT_S = 3.0
 HEALTH_MISSES = 3  # consecutive failed checks (timeouts, errors) that remove a replica; refused: at once
+REQUEST_FAILURES = 3  # consecutive failed proxied requests (broken connections, timeouts) that remove one
 SUB_SETTLE_S = 0.2  # let the SUB connection come up before asking for the state it continues from
 
 
@@ -44,6 +45,7 @@ class Replica:
     down_reason: str | None = "not checked yet"
     resyncs: int = 0
     misses: int = 0
+    failures: int = 0  # consecutive proxied requests that failed; any answer resets it
     epoch: int = 0  # bumped on every removal, so an admission that raced a removal does not resurrect it
     _sub: asyncio.Task | None = None
     _resync: asyncio.Task | None = None
@@ -90,8 +92,20 @@ class ReplicaSet:
         return [r.id for r in self.replicas if r.healthy]
 
     def mark_failed(self, replica_id: int, reason: str) -> None:
-        """The proxy could not reach it: take it out now; health checks bring it back."""
+        """It cannot serve (refused connections, its engine is gone): take it out now; health checks
+        bring it back."""
         self._drop(self.replicas[replica_id], reason)
+
+    def report_failure(self, replica_id: int, reason: str) -> None:
+        """A proxied request failed (broken connection, timeout): one bad request, perhaps a client's
+        own doing, must not empty the router, so only REQUEST_FAILURES in a row remove the replica."""
+        rep = self.replicas[replica_id]
+        rep.failures += 1
+        if rep.failures >= REQUEST_FAILURES:
+            self._drop(rep, f"{rep.failures} requests in a row failed, the last: {reason}")
+
+    def report_ok(self, replica_id: int) -> None:
+        self.replicas[replica_id].failures = 0
 
     # health ---------------------------------------------------------------------------------------
 
@@ -145,6 +159,7 @@ class ReplicaSet:
         if rep.healthy:
             log.warning("replica %d (%s) removed: %s", rep.id, rep.url, reason)
         rep.healthy, rep.events, rep.down_reason = False, False, reason
+        rep.failures = 0
         rep.epoch += 1
         for t in (rep._sub, rep._resync):
             if t is not None:

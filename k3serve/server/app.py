@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from k3serve.chat import chat_format_for
-from k3serve.engine.client import EngineClient, EngineDead
+from k3serve.engine.client import EngineClient
 from k3serve.server.access_log import AccessLog
 from k3serve.server.anthropic import CountTokensRequest, MessagesRequest, messages_response, messages_stream
 from k3serve.server.chat_request import prepare_chat
@@ -44,7 +44,7 @@ def _load_tokenizer(k3: bool):
 async def start_state(state: ServerState) -> None:
     cfg = state.config
     client = EngineClient({"model": cfg.model, **cfg.engine}, max_queued_requests=cfg.max_queued_requests,
-                          startup_timeout_s=cfg.startup_timeout_s)
+                          startup_timeout_s=cfg.startup_timeout_s, max_restarts=cfg.max_engine_restarts)
     state.client = client
     tok_k3 = asyncio.create_task(asyncio.to_thread(_load_tokenizer, True))
     ready = await client.start()
@@ -130,6 +130,9 @@ def build_app(config: ServerConfig) -> FastAPI:
         model = model_name(body.model)
         state.admit(body.n or 1)
         job = await state.pool.run(prepare_completion, state, body)
+        # every prompt's choices run at once (completion_stream): admit them all or none (on the loop: the
+        # reservation belongs to this request's task)
+        state.admit(len(job.prompts) * job.n, "prompt" if len(job.prompts) > 1 else "n")
         if body.stream:
             return EventStream(completion_stream(state, job, model))
         return await until_disconnected(request, completion_response(state, job, model))
@@ -182,12 +185,15 @@ def build_app(config: ServerConfig) -> FastAPI:
             raise ValueError(f"tokens: id {bad} is outside the vocabulary")
         return {"prompt": await state.pool.run(state.tokenizer.decode, body.tokens)}
 
-    @app.get("/health", summary="200 when the engine process is up, 503 otherwise")
+    @app.get("/health", summary="200 when the engine process is up, 503 otherwise (starting, restarting, dead)")
     async def health():
-        if state.client is None or not state.client.alive:
-            reason = state.client.dead_reason if state.client is not None else "starting"
-            raise EngineDead(reason or "starting")
-        return Response(status_code=200)
+        client = state.client
+        status = "starting" if client is None else client.state
+        if client is None or not client.alive or status != "ready":
+            reason = (client.dead_reason if client is not None else None) or "starting"
+            return error_response(503, f"the engine is {status}: {reason}", code=f"engine_{status}",
+                                  retry_after=5)
+        return JSONResponse({"status": status, "engine_restarts": client.restarts})
 
     @app.get("/kv_events/info", summary="Where the engine publishes KV cache events (for a KV-aware router)")
     async def kv_events_info():

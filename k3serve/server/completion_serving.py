@@ -53,8 +53,6 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Completion
     include_usage = req.check_stream_options()
     samplings = [req.to_sampling_params(state.contract, prompt_len=len(ids), max_model_len=state.max_model_len)
                  for ids in prompts]
-    # every prompt's choices run at once (completion_stream): admit them all or none
-    state.admit(len(prompts) * (req.n or 1))
     return CompletionJob(prompts, texts, samplings, req.logprobs, req.echo,
                          include_usage, req.skip_special_tokens, req.logit_bias_ids(state.contract))
 

@@ -12,16 +12,20 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from k3serve.core.errors import error_body
+from k3serve.engine.client import EngineBusy, EngineDead
 from k3serve.engine.sampling_params import SamplingParams, fan_out
 from k3serve.server.choice import ChoiceDecoder
 
+log = logging.getLogger("k3serve.server")
 T = TypeVar("T")
 _END = object()
 
@@ -134,6 +138,21 @@ class Timer:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+def stream_error_body(e: Exception) -> dict[str, Any]:
+    """The OpenAI error object for an exception that ended a stream after its 200 went out."""
+    if isinstance(e, EngineDead):
+        return error_body(503, f"the engine is unavailable: {e}", "engine_unavailable")
+    if isinstance(e, EngineBusy):
+        return error_body(429, f"the server is overloaded: {e}", "rate_limit_exceeded")
+    if isinstance(e, ValueError):
+        return error_body(400, str(e) or "invalid request", "invalid_request")
+    return error_body(500, f"internal error ({type(e).__name__}); the response is incomplete", "internal_error")
+
+
+def openai_error_frame(e: Exception) -> bytes:
+    return sse(stream_error_body(e)) + SSE_DONE
+
+
 def sse(obj: Any) -> bytes:
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
@@ -143,9 +162,11 @@ class EventStream(StreamingResponse):
     ASGI version: the body runs beside a disconnect listener, and the body iterator is always
     closed, which aborts the engine requests behind it."""
 
-    def __init__(self, body: AsyncIterator[bytes], media_type: str = "text/event-stream"):
+    def __init__(self, body: AsyncIterator[bytes], media_type: str = "text/event-stream",
+                 error_frame: Callable[[Exception], bytes] | None = None):
         super().__init__(body, media_type=media_type, headers={"cache-control": "no-cache"})
         self.body = body
+        self.error_frame = error_frame or openai_error_frame
 
     async def __call__(self, scope, receive, send) -> None:
         import anyio
@@ -154,8 +175,15 @@ class EventStream(StreamingResponse):
             try:
                 await send({"type": "http.response.start", "status": self.status_code,
                             "headers": self.raw_headers})
-                async for chunk in self.body:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                try:
+                    async for chunk in self.body:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                except Exception as e:  # noqa: BLE001 - the 200 is out: the stream must still end legibly
+                    # a client cannot tell a closed connection from a network fault (and retries blindly):
+                    # whatever went wrong, the stream ends with an error frame (and [DONE])
+                    if not isinstance(e, (EngineDead, EngineBusy, ValueError)):
+                        log.exception("stream failed")
+                    await send({"type": "http.response.body", "body": self.error_frame(e), "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             except OSError:
                 pass

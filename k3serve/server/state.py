@@ -27,12 +27,15 @@ class ServerConfig:
     engine: dict[str, Any] = field(default_factory=dict)  # CoreSpec fields except the model and addresses
     startup_timeout_s: float = 300.0
     access_log: bool = True  # one line per request (server/access_log.py)
+    max_engine_restarts: int = 3  # a dead engine process is restarted this often; then the server exits 1
 
     def __post_init__(self) -> None:
         if self.api_contract not in (None, *CONTRACTS):
             raise ValueError(f"--api-contract must be one of {', '.join(CONTRACTS)}, got {self.api_contract!r}")
         if self.max_queued_requests < 1:
             raise ValueError(f"--max-queued-requests must be >= 1, got {self.max_queued_requests}")
+        if self.max_engine_restarts < 0:
+            raise ValueError(f"--max-engine-restarts must be >= 0, got {self.max_engine_restarts}")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -97,12 +100,12 @@ class ServerState:
                            "/v1/completions with token ids, or a model with the Kimi vocabulary",
                            code="model_cannot_chat", param="model")
 
-    def admit(self, count: int) -> None:
-        """Room for `count` sequences now (else EngineBusy, 429), after a 400 for a count no wait could fit:
-        retrying that (KVV clients retry 429s forever) would never succeed."""
+    def admit(self, count: int, what: str = "n") -> None:
+        """Room for `count` sequences now (else EngineBusy, 429), after a 400 naming the field `what` for a
+        count no wait could fit: retrying that (KVV clients retry 429s forever) would never succeed."""
         limit = self.config.max_queued_requests
         if count > limit:
-            raise ValueError(f"n: {count} sequences exceed what this server holds at once "
+            raise ValueError(f"{what}: {count} sequences exceed what this server holds at once "
                              f"(--max-queued-requests {limit})")
         self.client.check_admission(count)
 

@@ -41,7 +41,8 @@ def _app(tokenizer, **limits):
                                  limits=RequestLimits(**limits), media=media_limits))
     state = app.state.k3
     ready = SimpleNamespace(supports_images=True, max_model_len=1 << 20, vocab_size=163840)
-    state.client = SimpleNamespace(ready=ready, alive=True, dead_reason=None, check_admission=lambda n=1: None)
+    state.client = SimpleNamespace(ready=ready, alive=True, dead_reason=None, state="ready", restarts=0,
+                                   check_admission=lambda n=1: None)
     state.tokenizer, state.fmt, state.contract = tokenizer, K3, "openai"
     return app
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import MODEL
+from tests.server.conftest import MODEL, children
 
 USER = [{"role": "user", "content": "Tell me a long story."}]
 LONG = {"model": MODEL, "messages": USER, "max_tokens": 1500, "stream": True, "thinking": {"type": "disabled"}}
@@ -49,7 +49,8 @@ def open_stream(client: httpx.Client, server, body=LONG):
 
 @pytest.fixture(scope="module")
 def small_server(server_factory):
-    return server_factory("--api-contract", "openai", "--max-queued-requests", "2", "--max-num-seqs", "8")
+    return server_factory("--api-contract", "openai", "--max-queued-requests", "2", "--max-num-seqs", "8",
+                          "--max-engine-restarts", "0")
 
 
 def test_disconnect_aborts_in_engine(small_server):
@@ -71,16 +72,42 @@ def test_queue_full_is_429_with_retry_after(small_server):
     wait_idle(small_server)
 
 
-def test_engine_death_is_503_not_a_hang(small_server):
+def test_engine_death_without_restarts_ends_streams_then_exits_1(small_server):
     assert small_server.engine_pids
     with httpx.Client() as c:
         cm, lines = open_stream(c, small_server)
         os.kill(small_server.engine_pids[0], signal.SIGKILL)
-        t0 = time.monotonic()
         rest = "\n".join(lines)  # the open stream ends with an error frame
         cm.__exit__(None, None, None)
-        assert time.monotonic() - t0 < 30 and '"error"' in rest and "[DONE]" in rest
-    assert httpx.get(small_server.url + "/health").status_code == 503
-    r = small_server.post("/v1/chat/completions", {**LONG, "stream": False, "max_tokens": 1})
-    assert r.status_code == 503 and "retry-after" in r.headers
-    assert r.json()["error"]["type"] == "service_unavailable"
+        assert '"error"' in rest and "[DONE]" in rest
+    # --max-engine-restarts 0: the server exits non-zero for its supervisor (no 503s forever)
+    assert small_server.proc.wait(30) == 1
+
+
+def wait_health(server, status: str, timeout: float = 60.0) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while True:
+        r = httpx.get(server.url + "/health", timeout=10)
+        if r.json().get("status", r.json().get("error", {}).get("code")) in (status, f"engine_{status}"):
+            return r
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.3)
+
+
+def test_dead_engine_is_restarted_then_given_up(server_factory):
+    srv = server_factory("--api-contract", "openai", "--max-engine-restarts", "1")
+    first = children(srv.proc.pid)
+    with httpx.Client() as c:
+        cm, lines = open_stream(c, srv)
+        os.kill(first[0], signal.SIGKILL)
+        rest = "\n".join(lines)
+        cm.__exit__(None, None, None)
+        assert '"error"' in rest and "[DONE]" in rest  # the request in flight failed; it is not resumed
+    r = wait_health(srv, "ready")
+    assert r.status_code == 200 and r.json()["engine_restarts"] == 1
+    second = children(srv.proc.pid)
+    assert second and first[0] not in second  # a new engine process; the old one reaped (no zombie child)
+    ok = srv.post("/v1/chat/completions", {**LONG, "stream": False, "max_tokens": 2})
+    assert ok.status_code == 200
+    os.kill(second[0], signal.SIGKILL)  # the one restart is spent: exit 1
+    assert srv.proc.wait(30) == 1

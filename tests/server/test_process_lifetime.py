@@ -159,3 +159,25 @@ def test_busy_port_is_one_line(tiny_checkpoint):
                               capture_output=True, text=True, timeout=STARTUP_S, stdin=subprocess.DEVNULL)
     assert proc.returncode == 1 and "serving" not in proc.stdout
     assert len(proc.stderr.strip().splitlines()) == 1 and f"{port}" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_dead_replica_is_reaped_and_restarted(launch, tiny_checkpoint):
+    """``--replicas``: a replica that dies is reaped (no zombie) and started again on its port."""
+    srv = launch(str(tiny_checkpoint), "--max-model-len", "2048", "--replicas", "2")
+    srv.wait_healthy(expect_procs=4)  # 2 replicas, 2 engines
+    replica = children(srv.proc.pid)[0]
+    os.kill(replica, signal.SIGKILL)
+    deadline = time.monotonic() + STARTUP_S
+    while True:
+        kids = children(srv.proc.pid)  # zombies included: an unreaped replica would still be listed
+        try:
+            healthy = httpx.get(f"http://127.0.0.1:{srv.port}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            healthy = False
+        if healthy and len(kids) == 2 and replica not in kids:
+            break
+        assert time.monotonic() < deadline, f"not restarted: children {kids}\n{srv.err.read_text()[-2000:]}"
+        time.sleep(0.5)
+    srv.seen |= descendants(srv.proc.pid)
+    assert srv.proc.poll() is None
