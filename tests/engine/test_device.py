@@ -18,6 +18,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from k3serve.engine.config import EngineConfig
 from k3serve.engine.engine import LLMEngine
+from k3serve.engine.multimodal import ImageInput
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.models.loader import load_model
 
@@ -180,7 +181,27 @@ class MetaReads(TorchDispatchMode):
             out = torch.empty(host.shape, dtype=torch.long, device="meta")
             self.known[out] = host
             return out
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        self._follow(func, args, kwargs, out)
+        return out
+
+    def _follow(self, func, args, kwargs, out) -> None:
+        """Values derived only from known ones (a mask of the input ids, say) are known too."""
+        if not isinstance(out, torch.Tensor) or func.overloadpacket in (aten.copy_,) or func._schema.is_mutable:
+            return
+        metas = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.device.type == "meta"]
+        if not all(a in self.known for a in metas):
+            return
+
+        def host(a):
+            return self.known[a] if isinstance(a, torch.Tensor) and a.device.type == "meta" else a
+
+        try:
+            value = func(*map(host, args), **{k: host(v) for k, v in kwargs.items()})
+        except (RuntimeError, TypeError):
+            return
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+            self.known[out] = value
 
 
 class _Bias:
@@ -207,7 +228,12 @@ def test_engine_steps_on_the_meta_device(name):
             presence_penalty=0.2, frequency_penalty=0.1, min_tokens=2, max_tokens=3, ignore_eos=True),
             logits_processor=_Bias())
         engine.add_request("t", prompts[2], SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True))
+        if engine.supports_images:  # the vision tower and the placeholder scatter too
+            pad = engine.model_config.media_placeholder_token_id
+            image = ImageInput(10, 4, pixel_patches=torch.randn(16, 3, 14, 14), grid_thw=(1, 4, 4))
+            engine.add_request("i", prompts[1] * 2 + [pad] * 4 + prompts[1], SamplingParams(max_tokens=2),
+                               images=[image])
         while engine.has_unfinished_requests():
             done.update((o.request_id, o) for o in engine.step() if o.finished)
-    assert sorted(done) == ["0", "1", "2", "s", "t"]
+    assert sorted(done) == sorted(["0", "1", "2", "s", "t"] + (["i"] if engine.supports_images else []))
     assert engine.stats().num_prefix_hit_tokens > 0
