@@ -42,7 +42,7 @@ def training_backend(device: torch.device) -> Iterator[None]:
         # under autograd the per-expert slices of the segmented form cost ~7k more ops on a 16k-token step
         # (26.2k -> 19.2k in all); on one CPU core it is as fast or faster, so CPU keeps the size rule
         chosen["expert_combine"] = "grouped"
-    previous = {op: registry.active(op) for op in chosen}
+    previous = {op: registry.forced(op) for op in chosen}  # None: back to dispatch
     for op, backend in chosen.items():
         registry.set_backend(op, backend)
     try:

@@ -58,6 +58,8 @@ class ForwardContext:
     state_slots: torch.Tensor  # [B] int64, KDA pool slot per sequence
     block_tables: torch.Tensor  # [B, max_blocks] int64, MLA cache blocks per sequence (-1 = unused)
     caches: ModelCaches
+    host_cu_seqlens: list[int] | None = None  # cu_seqlens on the host, when the caller has them (no read-back)
+    host_state_slots: list[int] | None = None  # state_slots on the host, when the caller has them (no read-back)
     seq_lens: list[int] = field(init=False)  # [B] new tokens per sequence
     slot_mapping: torch.Tensor = field(init=False)  # [N] flat MLA cache slot of each new token
     has_initial_state: torch.Tensor = field(init=False)  # [B] bool, sequence continues cached state
@@ -67,17 +69,18 @@ class ForwardContext:
     step_memo: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        cu = self.cu_seqlens.tolist()
+        cu = self.host_cu_seqlens = self.cu_seqlens.tolist() if self.host_cu_seqlens is None else self.host_cu_seqlens
         self.seq_lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
         if len(self.cached_lens) != len(self.seq_lens):
             raise ValueError("cached_lens and cu_seqlens disagree on the batch size")
         bs = self.caches.block_size
         device = self.block_tables.device
         lens = torch.tensor(self.seq_lens, dtype=torch.long, device=device)
-        seq = torch.repeat_interleave(torch.arange(len(self.seq_lens), device=device), lens)
+        # the token count is known on the host: no device read-back (a sync on GPUs, impossible on meta)
+        seq = torch.repeat_interleave(torch.arange(len(self.seq_lens), device=device), lens, output_size=cu[-1])
         # position of each new token within its sequence: cached length + offset inside this step
         starts = torch.tensor(self.cached_lens, dtype=torch.long, device=device) - self.cu_seqlens[:-1].to(device)
-        pos = torch.arange(int(lens.sum()), device=device) + starts[seq]
+        pos = torch.arange(cu[-1], device=device) + starts[seq]
         self.slot_mapping = self.block_tables[seq, pos // bs] * bs + pos % bs
         self.has_initial_state = torch.tensor([c > 0 for c in self.cached_lens], dtype=torch.bool, device=device)
         # the batched single-step paths apply only when this holds
@@ -89,7 +92,7 @@ class ForwardContext:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.cu_seqlens[-1])
+        return self.host_cu_seqlens[-1]
 
     @cached_property
     def context_lens(self) -> list[int]:
@@ -106,7 +109,10 @@ class ForwardContext:
         """``slice(0, B)`` when sequence i's KDA state is row i of the pool (the engine arranges this): the layers
         then update ``cache[:B]`` in place; None when they must gather ``state_slots``."""
         B = self.batch_size
-        leading = torch.equal(self.state_slots, torch.arange(B, device=self.state_slots.device))
+        if self.host_state_slots is not None:
+            leading = self.host_state_slots == list(range(B))
+        else:
+            leading = torch.equal(self.state_slots, torch.arange(B, device=self.state_slots.device))
         return slice(0, B) if leading else None
 
     @cached_property

@@ -30,6 +30,7 @@ from k3serve.engine.scheduler import Scheduler
 from k3serve.engine.state_pool import StatePool
 from k3serve.engine.stats import EngineStats
 from k3serve.models.cache import allocate_caches, cache_spec
+from k3serve.ops import registry
 
 log = logging.getLogger("k3serve.engine")
 
@@ -48,13 +49,15 @@ class LLMEngine:
                  dtype: torch.dtype = torch.float32, model_config: ModelConfig | None = None,
                  device: str = "cpu"):
         check_device(device)
+        from k3serve.models.loader import load_model, place_model
+
         if isinstance(model, nn.Module):
             if model_config is None:
                 raise ValueError("model_config: required when passing a model object")
+            place_model(model, device, dtype)  # in place, like nn.Module.to: the engine runs where its caches are
         else:
-            from k3serve.models.loader import load_model
-
-            model, model_config = load_model(model, dtype=dtype, progress=False)
+            model, model_config = load_model(model, dtype=dtype, progress=False, device=device)
+        registry.post_load(model)  # backends that read weights in their own layout convert them now
         self.config = config = config or EngineConfig()
         if config.retain_freed_memory and torch.device(device).type == "cpu":
             keep_freed_memory()  # process-wide: no page faults on every step's large temporaries

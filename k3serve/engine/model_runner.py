@@ -71,12 +71,15 @@ class ModelRunner:
         for r in batch.requests:
             tables += r.block_ids
             tables += [-1] * (width - len(r.block_ids))
-        cu = torch.tensor([0, *batch.num_new_tokens]).cumsum(0)
-        ctx = ForwardContext(cu_seqlens=cu.to(self.device), cached_lens=list(batch.cached_lens),
-                             state_slots=long_tensor(self.state_rows.rows([r.slot for r in batch.requests]),
-                                                     self.device),
+        cu = [0]
+        for n in batch.num_new_tokens:
+            cu.append(cu[-1] + n)
+        slots = self.state_rows.rows([r.slot for r in batch.requests])
+        # the layout goes to the device once and stays on the host too: nothing reads it back
+        ctx = ForwardContext(cu_seqlens=long_tensor(cu, self.device), cached_lens=list(batch.cached_lens),
+                             state_slots=long_tensor(slots, self.device),
                              block_tables=long_tensor(tables, self.device).view(len(batch), width),
-                             caches=self.caches)
+                             caches=self.caches, host_cu_seqlens=cu, host_state_slots=slots)
         return long_tensor(ids, self.device), ctx
 
     @torch.inference_mode()
@@ -89,7 +92,7 @@ class ModelRunner:
         self.copy_slots(batch.state_copies)
         self.state_rows.arrange([r.slot for r in batch.requests])
         input_ids, ctx = self.prepare(batch)
-        ends = ctx.cu_seqlens[1:].tolist()
+        ends = ctx.host_cu_seqlens[1:]
         with forward_context(ctx):
             hidden = self._forward(input_ids, ctx, batch)
             logits = self.model.compute_logits(hidden[[ends[i] - 1 for i in rows]])

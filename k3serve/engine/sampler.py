@@ -33,12 +33,13 @@ def apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> None:
             continue
         x = logits[row]
         if p.repetition_penalty != 1:
-            seen = torch.tensor(sorted(set(req.token_ids)), dtype=torch.long)
+            seen = torch.tensor(sorted(set(req.token_ids)), dtype=torch.long, device=logits.device)
             seen = seen[seen < V]
             v = x[seen]
             x[seen] = torch.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
         if p.presence_penalty or p.frequency_penalty:
-            counts = torch.bincount(torch.tensor(req.output_token_ids, dtype=torch.long), minlength=V)[:V]
+            out = torch.tensor(req.output_token_ids, dtype=torch.long, device=logits.device)
+            counts = torch.bincount(out, minlength=V)[:V]
             x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
 
 

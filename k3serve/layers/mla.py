@@ -87,7 +87,7 @@ class MLAttention(nn.Module):
     def _decode(self, q: torch.Tensor, cache: torch.Tensor, ctx: ForwardContext, block_tables: torch.Tensor,
                 context_lens: torch.Tensor, max_len: int) -> torch.Tensor:
         """Absorbed attention for one new token per row: q ``[b, H, Dn + R]`` -> ``[b, H, Dv]``."""
-        decode = registry.get("mla_decode")
+        decode = registry.pick("mla_decode", q, cache, block_tables, context_lens, self.kv_b_proj.weight)
         dims = dict(nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
         if getattr(decode, "reads_cache_in_place", False):  # no gather: it needs no workspace or chunk plan
             return decode(q, cache, block_tables, context_lens, self.kv_b_proj.weight, **dims)

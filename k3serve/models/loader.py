@@ -63,19 +63,33 @@ def _canonical(key: str) -> str:
     return key
 
 
-def materialize(config: ModelConfig, dtype: torch.dtype) -> nn.Module:
-    """Build the model without initialising it; floating tensors in ``dtype`` except those kept F32."""
+def materialize(config: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
+    """Build the model without initialising it, straight on ``device``; floating tensors in ``dtype`` except
+    those kept F32. The checkpoint is then copied into these tensors: no CPU copy of the model on the way."""
     with torch.device("meta"):
         model = build_model(config)
     fp32 = {n for n, p in model.named_parameters() if getattr(p, "keep_fp32", False)}
-    model.to_empty(device="cpu")  # new tensors: the keep_fp32 marks and weight ties must be put back
-    text_model(model).tie_weights()
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if name not in fp32 and t.dtype.is_floating_point:
+            t.data = t.data.to(dtype)  # on meta: no memory yet, so the device allocation below is the only one
+    model.to_empty(device=device)  # new tensors: the keep_fp32 marks and weight ties must be put back
+    text_model(model).tie_weights()
+    for name, t in model.named_parameters():
         if name in fp32:
             t.keep_fp32 = True
-        elif t.dtype.is_floating_point:
-            t.data = t.data.to(dtype)
     return model.eval()
+
+
+def place_model(model: nn.Module, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
+    """Move ``model`` (in place) to ``device`` and its floating tensors to ``dtype``, except those marked
+    ``keep_fp32`` (router bias, KDA decay parameters, norms kept F32). Parameter and buffer objects stay the
+    same (``.data`` is replaced), so weight ties and the ``keep_fp32`` marks survive."""
+    device = torch.device(device)
+    for t in [*model.parameters(), *model.buffers()]:
+        want = dtype if t.dtype.is_floating_point and not getattr(t, "keep_fp32", False) else t.dtype
+        if t.device.type != device.type or (device.index is not None and t.device != device) or t.dtype != want:
+            t.data = t.data.to(device=device, dtype=want)
+    return model
 
 
 def load_weights(model: nn.Module, path: Path, *, progress: bool = True) -> None:
@@ -100,14 +114,15 @@ def load_weights(model: nn.Module, path: Path, *, progress: bool = True) -> None
 
 
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, progress: bool = True,
-               act_quant: str | None = None) -> tuple[nn.Module, ModelConfig]:
-    """Load a model from a checkpoint directory or a built-in name such as ``k3-tiny-random``."""
+               act_quant: str | None = None, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelConfig]:
+    """Load a model from a checkpoint directory or a built-in name such as ``k3-tiny-random``, onto ``device``
+    (each tensor is copied there from the memory-mapped file; on ``meta`` the copies are no-ops)."""
     from k3serve.models.registry import resolve_model_path
     from k3serve.models.kimi import set_expert_act_quant
 
     path = resolve_model_path(path)
     config = ModelConfig.from_file(path)
-    model = materialize(config, dtype)
+    model = materialize(config, dtype, device)
     load_weights(model, path, progress=progress)
     set_expert_act_quant(model, act_quant)
     return model, config

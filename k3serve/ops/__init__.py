@@ -13,7 +13,9 @@ Naming rule (files and registry backends):
   ``ops/<op>/native/``    that kernel's C++ source (headers), beside its op; ``ops/native/`` holds what all
                           kernels share (SIMD helpers, the one pybind module ``_kernels`` and its loader).
   ``"train"``             forms with hand-written backwards, registered by ``training/`` (never imported here).
-Each package's ``__init__`` registers its forms; layers ask the registry for ``(op, backend)``.
+Each package's ``__init__`` registers its forms (with a priority and an ``accepts`` predicate where a form
+serves only some inputs); layers ask the registry for an op, which dispatches each call to the best form that
+accepts its inputs (``registry.py``).
 """
 
 from k3serve.ops import activation, attn_res, kda, mla, moe, mx, norm, registry, short_conv  # noqa: F401

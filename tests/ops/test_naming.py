@@ -18,7 +18,7 @@ def _serving_backends() -> dict[str, dict[str, str]]:
     """``{op: {backend: defining module}}`` for what importing ``k3serve.ops`` registers (the trainer's
     "train" forms, registered from ``training/``, left out)."""
     assert k3serve.ops.registry is registry
-    return {op: {b: fn.__module__ for b, fn in impls.items() if not fn.__module__.startswith("training")}
+    return {op: {b: r.fn.__module__ for b, r in impls.items() if not r.fn.__module__.startswith("training")}
             for op, impls in registry._BACKENDS.items()}
 
 

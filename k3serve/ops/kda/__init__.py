@@ -2,25 +2,29 @@
 batched single-step decode (`decode`) and the whole decode step from pre-conv q|k|v (`step`; `cpu`: its
 native fused kernel, C++ in `native/`). Importing this package registers with `ops.registry` "kda_chunk"
 and "kda_decode" under "torch" and "naive" (the recurrence), "kda_decode_step" under "torch", "naive" and
-"cpu" (the active one when the extension is built)."""
+"cpu" (dispatch picks it for CPU fp32 inputs when the extension is built)."""
 
 from k3serve.ops import registry
-from k3serve.ops.native import available as native_available
+from k3serve.ops import native
 from k3serve.ops.kda.chunk import chunk_kda
 from k3serve.ops.kda.cpu import kda_decode_step_cpu
 from k3serve.ops.kda.decode import kda_decode
 from k3serve.ops.kda.naive import naive_kda_decode, naive_kda_decode_step, naive_recurrent_kda
 from k3serve.ops.kda.step import kda_decode_step, kda_gate, l2_normalize
 
+
+
+def _native_step_accepts(qkv, conv_weight, conv_state, f, dt_bias, a_log, b, state, **_) -> bool:  # noqa: ANN001
+    return native.accepts_fp32_cpu(qkv, conv_weight, conv_state, f, state)
+
+
 registry.register("kda_chunk", "torch")(chunk_kda)
 registry.register("kda_chunk", "naive")(naive_recurrent_kda)
 registry.register("kda_decode", "torch")(kda_decode)
 registry.register("kda_decode", "naive")(naive_kda_decode)
 registry.register("kda_decode_step", "torch")(kda_decode_step)
-registry.register("kda_decode_step", "cpu")(kda_decode_step_cpu)
+registry.register("kda_decode_step", "cpu", priority=native.priority(), accepts=_native_step_accepts)(kda_decode_step_cpu)
 registry.register("kda_decode_step", "naive")(naive_kda_decode_step)
-if native_available():
-    registry.set_backend("kda_decode_step", "cpu")
 
 __all__ = ["chunk_kda", "kda_decode", "kda_decode_step", "kda_decode_step_cpu", "kda_gate", "l2_normalize",
            "naive_kda_decode", "naive_kda_decode_step", "naive_recurrent_kda"]

@@ -66,7 +66,7 @@ def _layout(
     for a in active:
         offsets.append(offsets[-1] + a)
     lens_t = torch.tensor(lens, device=device)
-    seq_id = torch.repeat_interleave(torch.arange(len(bounds), device=device), lens_t)
+    seq_id = torch.repeat_interleave(torch.arange(len(bounds), device=device), lens_t, output_size=sum(lens))
     starts = torch.tensor([s for s, _ in bounds], device=device)
     pos = torch.arange(seq_id.numel(), device=device) - starts[seq_id]
     slot = torch.tensor(offsets[:-1] or [0], device=device)[pos // C] + torch.tensor(rank, device=device)[seq_id]

@@ -32,3 +32,19 @@ def kernels_or_none(*inputs: torch.Tensor) -> object | None:
     if kernels is None or (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
         return None
     return kernels
+
+
+# A native backend registers with this priority (above "torch") when the extension is built, else with None
+# (used only when named): dispatch then never tries it.
+PRIORITY = 10
+
+
+def priority() -> int | None:
+    return PRIORITY if kernels is not None else None
+
+
+def accepts_fp32_cpu(*tensors: object) -> bool:
+    """The registry predicate of the native backends: every tensor argument a CPU fp32 tensor. Finer
+    conditions (layouts, sizes) stay in each wrapper, which falls back to the torch form."""
+    return kernels is not None and all(t.device.type == "cpu" and t.dtype == torch.float32
+                                       for t in tensors if isinstance(t, torch.Tensor))
