@@ -1,0 +1,143 @@
+"""Parallel layout and the collectives the layers use: one home for "which rank holds what".
+
+``ParallelLayout(tp, ep, dp)`` is data, validated up front against a model's shapes (``check``), so a
+layout that cannot work is one clear error before any weight is read. ``Parallel`` is this process's place
+in it: its ranks and the torch.distributed groups (gloo on CPU, NCCL on GPUs). Layers receive a
+``Parallel`` (``SINGLE`` when the model runs in one process) and call the collectives below; with one rank
+every collective is the identity, so the single-process path runs the same layer code.
+
+World rank layout (dp outermost): ``rank = dp_rank * tp + tp_rank``. Expert parallelism runs across the
+``tp`` ranks of one dp group (``ep`` is 1 or ``tp``), as in vLLM's ``--enable-expert-parallel``.
+
+Reduction modes: ``"fast"`` is ``all_reduce`` (the backend picks the order, so TP-N differs from TP-1 in
+the last bits); ``"ordered"`` all-gathers the partials and sums them in rank order, which is the order a
+single process sums the same partials in, so TP-N is bit-exact to TP-1 on gloo in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+REDUCE_MODES = ("fast", "ordered")
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    tp: int = 1  # tensor-parallel ranks per replica (attention heads, projections, vocabulary, MoE width)
+    ep: int = 1  # expert-parallel ranks (1: experts split by width over tp; tp: whole experts per rank)
+    dp: int = 1  # attention data-parallel groups, each its own scheduler and caches
+    reduce_mode: str = "fast"
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "ep", "dp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.ep not in (1, self.tp):
+            raise ValueError(f"expert parallelism spans the tensor-parallel ranks: ep must be 1 or tp ({self.tp}), "
+                             f"got {self.ep}")
+        if self.reduce_mode not in REDUCE_MODES:
+            raise ValueError(f"reduce_mode must be one of {REDUCE_MODES}, got {self.reduce_mode!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.dp
+
+    def check(self, **counts: int) -> None:
+        """Refuse a layout the model cannot be split by: ``counts`` names what tp divides (``heads=...``,
+        ``kv_heads=...``, ``vocab=...``, ``moe_intermediate=...``) and what ep divides (``experts=...``)."""
+        for what, n in counts.items():
+            ways = self.ep if what == "experts" else self.tp
+            if n % ways:
+                flag = "--expert-parallel" if what == "experts" else "--tensor-parallel-size"
+                raise ValueError(f"{what.replace('_', ' ')} ({n}) cannot be split over {ways} ranks "
+                                 f"({flag} {ways}): {n} is not a multiple of {ways}")
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """This process's place in a layout; ``tp_group`` is None when tp == 1 (and in ``SINGLE``)."""
+
+    layout: ParallelLayout = field(default_factory=ParallelLayout)
+    rank: int = 0
+    tp_group: Any = None
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.layout.tp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.layout.tp
+
+    @property
+    def ep(self) -> int:
+        return self.layout.ep
+
+    @property
+    def ep_rank(self) -> int:
+        return self.tp_rank if self.layout.ep > 1 else 0
+
+    def shard(self, n: int, ways: int | None = None) -> tuple[int, int]:
+        """[start, end) of this tp rank's equal share of ``n`` (``ways`` defaults to tp)."""
+        ways = ways or self.tp
+        per = n // ways
+        r = self.tp_rank % ways
+        return r * per, (r + 1) * per
+
+
+SINGLE = Parallel()
+
+
+def init_parallel(layout: ParallelLayout, *, backend: str | None = None) -> Parallel:
+    """Join the process group started by the launcher (torchrun env: RANK, WORLD_SIZE, MASTER_ADDR/PORT) and
+    build the tp groups. Every rank must call this, in the same order."""
+    if not dist.is_initialized():
+        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world != layout.world_size:
+        raise ValueError(f"the layout needs {layout.world_size} processes (tp {layout.tp} x dp {layout.dp}), "
+                         f"but {world} were started")
+    mine = None
+    for d in range(layout.dp):  # new_group must be called by every rank for every group
+        ranks = list(range(d * layout.tp, (d + 1) * layout.tp))
+        group = dist.new_group(ranks) if layout.tp > 1 else None
+        if rank in ranks:
+            mine = group
+    return Parallel(layout, rank, mine)
+
+
+def all_reduce(x: torch.Tensor, par: Parallel) -> torch.Tensor:
+    """Sum of ``x`` over the tp group (the identity with one rank). "ordered" sums in rank order."""
+    if par.tp == 1:
+        return x
+    if par.layout.reduce_mode == "fast":
+        dist.all_reduce(x, group=par.tp_group)
+        return x
+    parts = all_gather(x, par)
+    out = parts[0].clone()
+    for p in parts[1:]:
+        out += p
+    return out
+
+
+def all_gather(x: torch.Tensor, par: Parallel) -> list[torch.Tensor]:
+    """Every tp rank's ``x`` (same shape on all), in rank order."""
+    if par.tp == 1:
+        return [x]
+    parts = [torch.empty_like(x) for _ in range(par.tp)]
+    dist.all_gather(parts, x.contiguous(), group=par.tp_group)
+    return parts
+
+
+def gather_last_dim(x: torch.Tensor, par: Parallel) -> torch.Tensor:
+    """Concatenate the tp ranks' shards of the last dimension (a column-parallel output made whole)."""
+    return x if par.tp == 1 else torch.cat(all_gather(x, par), dim=-1)
