@@ -264,17 +264,20 @@ def _run_replicas(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
     server_config(args)  # bad flags fail here, once, not in every replica
+    if args.api_key is not None:  # to the replicas through their environment: their argv is visible to `ps`
+        os.environ[API_KEY_ENV] = args.api_key
     return serve_replicas(replica_argv(args), args.replicas, None, args.host, args.port, args.log_level)
 
 
 def replica_argv(args: argparse.Namespace) -> list[str]:
     """The flags of ``args`` that differ from their defaults, as a ``k3serve serve`` argv for one replica
-    (without --host/--port/--replicas/--kv-events, which the launcher sets)."""
+    (without --host/--port/--replicas/--kv-events, which the launcher sets, nor --api-key, which it passes in
+    the replicas' environment)."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     argv: list[str] = []
     for a in parser._actions:
-        if a.dest in ("help", "host", "port", "replicas", "kv_events"):
+        if a.dest in ("help", "host", "port", "replicas", "kv_events", "api_key"):
             continue
         value = getattr(args, a.dest)
         if not a.option_strings:

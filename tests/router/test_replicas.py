@@ -127,6 +127,7 @@ def test_replica_argv_keeps_only_changed_flags():
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["some-model", "--replicas", "3", "--port", "9000", "--max-num-seqs", "4", "--kv-events",
+                         "--api-key", "secret",
                          "--no-enable-prefix-caching", "--served-model-name", "a", "b"])
     assert replica_argv(args) == ["some-model", "--served-model-name", "a", "b", "--max-num-seqs", "4",
                                   "--no-enable-prefix-caching"]
