@@ -19,7 +19,7 @@ from k3serve.chat.parsers import ContentDelta, ReasoningDelta, ToolCallArgs, Too
 from k3serve.engine.client import EngineDead
 from k3serve.server.chat_request import ChatJob
 from k3serve.server.chat_serving import _decoders
-from k3serve.server.generation import new_id, run_choices
+from k3serve.server.generation import new_id, run_choices, stream_error_body
 from k3serve.server.protocol import INT32, Budget, ChatCompletionRequest, TopK, _Body
 from k3serve.server.state import ServerState
 
@@ -163,6 +163,18 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
 
 
+# Anthropic's error type for each code `stream_error_body` gives
+_ERROR_TYPES = {"invalid_request": "invalid_request_error", "rate_limit_exceeded": "rate_limit_error",
+                "engine_unavailable": "overloaded_error"}
+
+
+def anthropic_error_frame(e: Exception) -> bytes:
+    """The `error` event that ends a /v1/messages stream failing after its 200 (Anthropic streams have no
+    [DONE]: the error event is the last one)."""
+    err = stream_error_body(e)["error"]
+    return _event("error", {"error": {"type": _ERROR_TYPES.get(err["code"], "api_error"), "message": err["message"]}})
+
+
 async def messages_stream(state: ServerState, job: ChatJob, model: str) -> AsyncIterator[bytes]:
     dec = _decoders(state, job)[0]
     mid = new_id("msg_")
@@ -201,7 +213,7 @@ async def messages_stream(state: ServerState, job: ChatJob, model: str) -> Async
                     yield _event("content_block_delta", {"index": block, "delta": {"type": "input_json_delta",
                                                                                     "partial_json": d.arguments}})
     except (ValueError, EngineDead) as e:
-        yield _event("error", {"error": {"type": "api_error", "message": str(e)}})
+        yield anthropic_error_frame(e)
         return
     if block >= 0:
         yield _event("content_block_stop", {"index": block})

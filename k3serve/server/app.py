@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse, Response
 from k3serve.chat import chat_format_for
 from k3serve.engine.client import EngineClient
 from k3serve.server.access_log import AccessLog
-from k3serve.server.anthropic import CountTokensRequest, MessagesRequest, messages_response, messages_stream
+from k3serve.server.anthropic import (CountTokensRequest, MessagesRequest, anthropic_error_frame, messages_response,
+                                      messages_stream)
 from k3serve.server.chat_request import prepare_chat
 from k3serve.server.chat_serving import chat_response, chat_stream
 from k3serve.server.completion_serving import completion_response, completion_stream, prepare_completion
@@ -143,7 +144,7 @@ def build_app(config: ServerConfig) -> FastAPI:
         state.admit(1)
         job = await prepare_chat(state, body.to_chat())
         if body.stream:
-            return EventStream(messages_stream(state, job, model))
+            return EventStream(messages_stream(state, job, model), error_frame=anthropic_error_frame)
         return await until_disconnected(request, messages_response(state, job, model))
 
     @app.post("/v1/messages/count_tokens", summary="Anthropic token count")

@@ -74,3 +74,22 @@ def test_a_stream_failing_after_its_200_ends_with_an_error_frame_and_done(exc, k
     assert r.status_code == 200 and got[-1] == "[DONE]"
     err = json.loads(got[-2])["error"]
     assert err["type"] == kind and err["message"] and "Traceback" not in r.text
+
+
+@pytest.mark.parametrize("exc, kind", [(EngineBusy("full"), "rate_limit_error"), (EngineDead("gone"), "overloaded_error"),
+                                       (RuntimeError("bug"), "api_error"), (ValueError("x: bad"), "invalid_request_error")])
+def test_a_messages_stream_failing_after_its_200_ends_with_an_anthropic_error_event(exc, kind):
+    from k3serve.server.anthropic import anthropic_error_frame
+
+    async def body():
+        yield b'event: message_start\ndata: {"type": "message_start"}\n\n'
+        raise exc
+
+    app = Starlette(routes=[Route("/s", lambda _r: EventStream(body(), error_frame=anthropic_error_frame),
+                                  methods=["GET"])])
+    with TestClient(app) as c:
+        r = c.get("/s")
+    last = r.content.decode().rstrip("\n").split("\n\n")[-1]
+    assert r.status_code == 200 and last.startswith("event: error\ndata: ") and "[DONE]" not in r.text
+    err = json.loads(last.split("data: ", 1)[1])
+    assert err["type"] == "error" and err["error"]["type"] == kind and err["error"]["message"]
