@@ -20,7 +20,6 @@ import asyncio
 import base64
 import io
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,15 +27,11 @@ import time
 
 import httpx
 
+from k3serve.router.launch import free_port, wait_healthy
+
 JSON = {"content-type": "application/json"}
 NORMAL = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8,
           "thinking": {"type": "disabled"}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(model: str, baseline: bool) -> tuple[subprocess.Popen, str]:
@@ -48,17 +43,12 @@ def start_server(model: str, baseline: bool) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "k3serve", "serve", "--port", str(port), *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit("the server exited while starting")
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("the server did not become healthy")
+    try:
+        wait_healthy([proc], [url], timeout_s=300)
+    except RuntimeError as e:
+        proc.kill()
+        raise SystemExit(f"the server did not start: {e}") from None
+    return proc, url
 
 
 def _png(pixels: int) -> str:

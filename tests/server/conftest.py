@@ -130,3 +130,20 @@ def openai_server(server_factory) -> Server:
 @pytest.fixture(scope="session", params=["kimi", "openai"])
 def server(request) -> Server:
     return request.getfixturevalue(f"{request.param}_server")
+
+
+def in_process_app(config):
+    """`build_app(config)` with a stand-in engine client that is ready and admits everything (for tests that
+    drive the app through httpx's ASGI transport, no engine process)."""
+    from types import SimpleNamespace
+
+    from k3serve.chat import K3
+    from k3serve.server.app import build_app
+
+    app = build_app(config)
+    state = app.state.k3
+    ready = SimpleNamespace(supports_images=True, max_model_len=1 << 20, vocab_size=163840)
+    state.client = SimpleNamespace(ready=ready, alive=True, dead_reason=None, state="ready", restarts=0,
+                                   check_admission=lambda n=1: None)
+    state.fmt, state.contract = K3, "openai"
+    return app

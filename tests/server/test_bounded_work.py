@@ -20,10 +20,10 @@ from PIL import Image
 
 from k3serve.chat import K3
 from k3serve.server import media
-from k3serve.server.app import build_app
 from k3serve.server.limits import RequestLimits
 from k3serve.server.media import MediaLimits
 from k3serve.server.state import ServerConfig
+from tests.server.conftest import in_process_app
 
 NO_THINK = {"thinking": {"type": "disabled"}}
 
@@ -37,13 +37,9 @@ def tokenizer():
 
 def _app(tokenizer, **limits):
     media_limits = MediaLimits(max_pixels=limits.pop("max_pixels")) if "max_pixels" in limits else MediaLimits()
-    app = build_app(ServerConfig(model="m", served_model_names=("tiny",), access_log=False,
-                                 limits=RequestLimits(**limits), media=media_limits))
-    state = app.state.k3
-    ready = SimpleNamespace(supports_images=True, max_model_len=1 << 20, vocab_size=163840)
-    state.client = SimpleNamespace(ready=ready, alive=True, dead_reason=None, state="ready", restarts=0,
-                                   check_admission=lambda n=1: None)
-    state.tokenizer, state.fmt, state.contract = tokenizer, K3, "openai"
+    app = in_process_app(ServerConfig(model="m", served_model_names=("tiny",), access_log=False,
+                                      limits=RequestLimits(**limits), media=media_limits))
+    app.state.k3.tokenizer = tokenizer
     return app
 
 

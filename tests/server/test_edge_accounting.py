@@ -13,20 +13,14 @@ import httpx
 import numpy as np
 import pytest
 
-from k3serve.chat import K3
-from k3serve.server.app import build_app
 from k3serve.server.metrics import Metrics
 from k3serve.server.state import ServerConfig
+from tests.server.conftest import in_process_app
 
 
 def _app(api_key: str | None = None):
-    app = build_app(ServerConfig(model="m", served_model_names=("tiny",), access_log=False, api_key=api_key))
-    state = app.state.k3
-    ready = SimpleNamespace(supports_images=True, max_model_len=1 << 20, vocab_size=163840)
-    state.client = SimpleNamespace(ready=ready, alive=True, dead_reason=None, state="ready", restarts=0,
-                                   check_admission=lambda n=1: None)
-    state.fmt, state.contract = K3, "openai"
-    state.metrics = Metrics("tiny", lambda: None, lambda: 0)
+    app = in_process_app(ServerConfig(model="m", served_model_names=("tiny",), access_log=False, api_key=api_key))
+    app.state.k3.metrics = Metrics("tiny", lambda: None, lambda: 0)
     return app
 
 
