@@ -8,10 +8,14 @@ vLLM's per-process random ``NONE_HASH``).
 Byte layout hashed for one block (all integers little-endian):
   root flag (1 byte: 0 = first block, 1 = has parent) | parent hash (u64, absent for a root) |
   number of tokens (u32) | token ids (u32 each) | extra (opaque bytes, e.g. a LoRA name or cache salt)
+
+With a ``key`` the hashes are BLAKE2b MACs: whoever sees them (KV event subscribers) cannot test whether a
+guessed prompt is cached without the key. The empty key gives the unkeyed hashes.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 from array import array
@@ -35,37 +39,52 @@ def _token_bytes(token_ids: Sequence[int]) -> bytes:
     return packed.tobytes()
 
 
-def _digest(parent: int | None, count: int, tokens: bytes, extra: bytes) -> int:
-    h = hashlib.blake2b(digest_size=8, person=_PERSON)
-    if parent is None:
-        h.update(_ROOT)
-    else:
-        if not 0 <= parent <= _U64_MAX:
-            raise ValueError(f"parent hash must be a 64-bit unsigned int, got {parent}")
-        h.update(_CHILD)
-        h.update(parent.to_bytes(8, "little"))
-    h.update(count.to_bytes(4, "little"))
+@functools.lru_cache(maxsize=8)
+def _base(key: bytes) -> "hashlib._Hash":
+    """A BLAKE2b state with the personalisation and key already absorbed; each block hashes a ``copy()``
+    (cheaper than a fresh constructor, and a keyed constructor costs a whole extra compression)."""
+    if len(key) > hashlib.blake2b.MAX_KEY_SIZE:
+        raise ValueError(f"hash key must be at most {hashlib.blake2b.MAX_KEY_SIZE} bytes, got {len(key)}")
+    return hashlib.blake2b(digest_size=8, person=_PERSON, key=key)
+
+
+def _check_parent(parent: int | None) -> None:
+    if parent is not None and not 0 <= parent <= _U64_MAX:
+        raise ValueError(f"parent hash must be a 64-bit unsigned int, got {parent}")
+
+
+def _digest(base, parent: int | None, count: bytes, tokens: bytes, extra: bytes) -> int:
+    h = base.copy()
+    h.update(_ROOT if parent is None else _CHILD + parent.to_bytes(8, "little"))
+    h.update(count)
     h.update(tokens)
-    h.update(extra)
+    if extra:
+        h.update(extra)
     return int.from_bytes(h.digest(), "little")
 
 
-def hash_block(parent: int | None, token_ids: Sequence[int], extra: bytes = b"") -> int:
-    """Hash of one block given its parent's hash (None for the first block of a sequence)."""
-    return _digest(parent, len(token_ids), _token_bytes(token_ids), extra)
+def hash_block(parent: int | None, token_ids: Sequence[int], extra: bytes = b"", *, key: bytes = b"") -> int:
+    """Hash of one block given its parent's hash (None for the first block of a sequence). ``key`` (at most
+    64 bytes) keys BLAKE2b, so only holders of the key can compute or test a hash; ``b""`` is unkeyed."""
+    _check_parent(parent)
+    return _digest(_base(bytes(key)), parent, len(token_ids).to_bytes(4, "little"), _token_bytes(token_ids), extra)
 
 
 def hash_blocks(
-    token_ids: Sequence[int], block_size: int, *, parent: int | None = None, extra: bytes = b""
+    token_ids: Sequence[int], block_size: int, *, parent: int | None = None, extra: bytes = b"", key: bytes = b""
 ) -> list[int]:
-    """Chain hashes of every *full* block of ``token_ids``; a trailing partial block is not hashed."""
+    """Chain hashes of every *full* block of ``token_ids``; a trailing partial block is not hashed.
+    ``key`` as in ``hash_block``: the engine and the router must use the same one."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
+    _check_parent(parent)
+    base = _base(bytes(key))
     n_full = len(token_ids) // block_size
     data = _token_bytes(token_ids[: n_full * block_size])
+    count = block_size.to_bytes(4, "little")
     step = 4 * block_size
     hashes: list[int] = []
     for i in range(n_full):
-        parent = _digest(parent, block_size, data[i * step : (i + 1) * step], extra)
+        parent = _digest(base, parent, count, data[i * step : (i + 1) * step], extra)
         hashes.append(parent)
     return hashes

@@ -12,7 +12,8 @@ Messages are msgspec structs; an event is tagged by its ``"type"`` field. On the
 
 An engine sends every batch on a ZMQ PUB socket as the multipart ``[TOPIC, seq (8 bytes big-endian),
 msgpack(EventBatch)]`` and answers ``[SNAPSHOT_REQUEST]`` on a ROUTER socket with ``msgpack(ReplicaState)``;
-``KVEventsInfo`` (served at ``/kv_events/info``) says where. The engine does not know the router's replica
+``KVEventsInfo`` (served at ``/kv_events/info``) says where. With a secret (``core.kv_auth``) the
+hashes are keyed and both sockets are CURVE-encrypted and admit only the router's derived key. The engine does not know the router's replica
 ids: the router says which replica a batch came from when it applies it. ``decode_batch`` and
 ``decode_state`` validate and raise ``ValueError`` on anything malformed.
 """
@@ -100,11 +101,14 @@ class ReplicaState(msgspec.Struct, frozen=True):
 
 
 class KVEventsInfo(msgspec.Struct, frozen=True):
-    """Where an engine publishes (ports on its host) and the block size it hashes with."""
+    """Where an engine publishes (ports on ``host``, the address it bound), the block size it hashes with,
+    and, when the events are keyed (``core.kv_auth``), its CURVE server public key (z85)."""
 
     block_size: int
     pub_port: int
     snapshot_port: int
+    host: str = ""
+    server_key: str | None = None
 
 
 _batch_decoder = msgspec.msgpack.Decoder(EventBatch)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def _check(cond: bool, name: str, msg: str) -> None:
@@ -21,6 +21,9 @@ class EngineConfig:
     snapshot_memory_fraction: float = 0.25  # share of the cache budget for KDA snapshots
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     retain_freed_memory: bool = True  # CPU: glibc keeps freed memory for reuse (memory.keep_freed_memory)
+    # BLAKE2b key of the prefix-cache block hashes (core.hashing); b"": unkeyed. Set from the KV events secret
+    # (core.kv_auth) so published hashes reveal nothing without it; a router must hash with the same key.
+    hash_key: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
@@ -36,6 +39,8 @@ class EngineConfig:
                f"must be in [0, 1), got {self.snapshot_memory_fraction}")
         _check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len",
                f"must be >= 2, got {self.max_model_len}")
+        _check(isinstance(self.hash_key, bytes) and len(self.hash_key) <= 64, "hash_key",
+               "must be at most 64 bytes")
 
 
 def check_device(device: str) -> None:

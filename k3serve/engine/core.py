@@ -53,6 +53,8 @@ class CoreSpec(msgspec.Struct, frozen=True):
     device: str = "cpu"
     seed: int = 0
     kv_events_host: str | None = None  # publish KV cache events (engine/kv_events.py) on this host; None: off
+    # keyed events: the secret (core.kv_auth) comes in the environment, never in this spec (it is argv)
+    kv_events_keyed: bool = False
     log_stats_interval: float = 10.0  # seconds between engine stats lines (engine/stats_log.py); 0: none
 
 
@@ -90,6 +92,19 @@ def _stats(engine) -> Stats:
                  num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running)
 
 
+def _kv_events_key(spec: CoreSpec):
+    """The KV events key from the secret in the environment (taken out of it: nothing else here needs it)."""
+    from k3serve.core import kv_auth
+
+    if spec.kv_events_host is None:
+        return None
+    secret = os.environ.pop(kv_auth.KEY_ENV, None) if spec.kv_events_keyed else None
+    if spec.kv_events_keyed and not secret:
+        raise ValueError(f"kv_events_keyed: the secret must come in {kv_auth.KEY_ENV}")
+    kv_auth.check_exposure(spec.kv_events_host, secret)
+    return kv_auth.KVEventsKey.from_secret(secret) if secret else None
+
+
 class EngineCore:
     def __init__(self, spec: CoreSpec):
         import torch
@@ -101,9 +116,10 @@ class EngineCore:
 
         torch.manual_seed(spec.seed)
         torch.set_num_threads(max(1, torch.get_num_threads()))
+        key = _kv_events_key(spec)
         config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                               kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
-                              max_model_len=spec.max_model_len)
+                              max_model_len=spec.max_model_len, hash_key=key.hash_key if key else b"")
         # token ids only: text and stop strings are the client's job (engine/detokenizer.py)
         self.engine = LLMEngine(spec.model, config=config, dtype=parse_dtype(spec.dtype), device=spec.device)
         eos = self.engine.eos_token_ids
@@ -114,7 +130,7 @@ class EngineCore:
         if spec.kv_events_host is not None:
             from k3serve.engine.kv_events import KVEventPublisher
 
-            self.kv_events = KVEventPublisher(self.engine, spec.kv_events_host)
+            self.kv_events = KVEventPublisher(self.engine, spec.kv_events_host, key)
 
     def ready(self) -> Ready:
         mc = self.engine.model_config

@@ -80,7 +80,7 @@ class LLMEngine:
                                  num_slots=config.max_num_seqs + self.plan.num_snapshot_slots, device=device)
         self.blocks = BlockPool(self.plan.num_blocks, config.block_size)
         self.states = StatePool(config.max_num_seqs, self.plan.num_snapshot_slots)
-        cache = HybridPrefixCache(self.blocks, self.states) if config.enable_prefix_caching else NoPrefixCache()
+        cache = HybridPrefixCache(self.blocks, self.states, config.hash_key) if config.enable_prefix_caching else NoPrefixCache()
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    state_cache_interval=config.state_cache_interval,

@@ -7,7 +7,9 @@ one tuple; ``take()`` turns them into ``core.kv_events`` messages, merging runs 
 
 ``KVEventPublisher`` (engine-core process) sends every batch on a ZMQ PUB socket, an empty batch after a
 quiet second (so a subscriber notices a lost trailing batch), and answers full-state requests on a ROUTER
-socket; the messages and the framing are ``core.kv_events``'s.
+socket; the messages and the framing are ``core.kv_events``'s. Given a ``core.kv_auth.KVEventsKey`` both
+sockets are CURVE servers behind a ZAP handler that admits only the key's client (the router); the engine
+must then also hash its blocks with ``key.hash_key`` (``EngineConfig.hash_key``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from k3serve.core.kv_auth import KVEventsKey, make_server, start_authenticator
 from k3serve.core.kv_events import (
     SNAPSHOT_REQUEST,
     TOPIC,
@@ -145,21 +148,28 @@ class KVEventPublisher:
 
     HEARTBEAT_S = 1.0
 
-    def __init__(self, engine: Any, host: str) -> None:
+    def __init__(self, engine: Any, host: str, key: KVEventsKey | None = None) -> None:
         import zmq
 
         self._zmq = zmq
         self.engine = engine
+        bind = _bind_host(host)
+        if engine.config.hash_key != (key.hash_key if key is not None else b""):
+            raise ValueError("the engine must hash its blocks with the KV events key (EngineConfig.hash_key)")
         self.recorder = attach(engine)
         self.seq = -1
         self._ctx = zmq.Context()
+        self._auth = start_authenticator(self._ctx, key) if key is not None else None
         self.pub = self._ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.SNDHWM, 100_000)
-        addr = f"tcp://{_bind_host(host)}"
-        pub_port = self.pub.bind_to_random_port(addr)
         self.requests = self._ctx.socket(zmq.ROUTER)
-        snap_port = self.requests.bind_to_random_port(addr)
-        self.info = KVEventsInfo(engine.blocks.block_size, pub_port, snap_port)
+        if key is not None:
+            make_server(self.pub, key)
+            make_server(self.requests, key)
+        self.pub.setsockopt(zmq.SNDHWM, 100_000)
+        pub_port = self.pub.bind_to_random_port(f"tcp://{bind}")
+        snap_port = self.requests.bind_to_random_port(f"tcp://{bind}")
+        self.info = KVEventsInfo(engine.blocks.block_size, pub_port, snap_port, host=bind,
+                                 server_key=key.server_public.decode() if key is not None else None)
         self._last_sent = 0.0
 
     def pump(self) -> None:
@@ -182,4 +192,6 @@ class KVEventPublisher:
             self.requests.send_multipart([ident, reply], zmq.NOBLOCK)
 
     def close(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.destroy(linger=0)

@@ -132,7 +132,7 @@ def block_extra(images: Sequence[ImageInput], start: int, end: int) -> bytes:
 
 
 def chain_hashes(token_ids: Sequence[int], first_block: int, block_size: int, parent: int | None,
-                 images: Sequence[ImageInput]) -> list[int]:
+                 images: Sequence[ImageInput], key: bytes = b"") -> list[int]:
     """Chain hashes of the full blocks ``first_block, ...`` of ``token_ids``; blocks overlapping an image
     carry its ``block_extra``, runs of text-only blocks are hashed in one ``hash_blocks`` call."""
     n_full = len(token_ids) // block_size
@@ -142,12 +142,12 @@ def chain_hashes(token_ids: Sequence[int], first_block: int, block_size: int, pa
         s = b * block_size
         extra = block_extra(images, s, s + block_size) if images else b""
         if extra:
-            parent = hash_block(parent, token_ids[s:s + block_size], extra)
+            parent = hash_block(parent, token_ids[s:s + block_size], extra, key=key)
             out.append(parent)
             b += 1
             continue
         nxt = min([n_full] + [im.offset // block_size for im in images if im.offset // block_size > b])
-        hs = hash_blocks(token_ids[s:nxt * block_size], block_size, parent=parent)
+        hs = hash_blocks(token_ids[s:nxt * block_size], block_size, parent=parent, key=key)
         out += hs
         parent = hs[-1]
         b = nxt

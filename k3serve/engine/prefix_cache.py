@@ -42,13 +42,13 @@ class PrefixCache(Protocol):
         """The key a KDA snapshot of ``req`` at block-aligned ``position`` is published under."""
 
 
-def update_block_hashes(req: Request, block_size: int) -> list[int]:
-    """Extend ``req.block_hashes`` to cover every full block of ``req.token_ids``."""
+def update_block_hashes(req: Request, block_size: int, key: bytes = b"") -> list[int]:
+    """Extend ``req.block_hashes`` to cover every full block of ``req.token_ids`` (hashed with ``key``)."""
     n_have = len(req.block_hashes)
     if (n_have + 1) * block_size <= req.num_tokens:
         parent = req.block_hashes[-1] if req.block_hashes else None
         # blocks overlapping an image also hash its content; text-only runs are one hash_blocks call
-        req.block_hashes += chain_hashes(req.token_ids, n_have, block_size, parent, req.images)
+        req.block_hashes += chain_hashes(req.token_ids, n_have, block_size, parent, req.images, key)
     return req.block_hashes
 
 
@@ -56,13 +56,14 @@ class HybridPrefixCache:
     enabled = True
     events = None  # a kv_events.KVEventRecorder when someone listens (set by kv_events.attach)
 
-    def __init__(self, blocks: BlockPool, states: StatePool):
+    def __init__(self, blocks: BlockPool, states: StatePool, hash_key: bytes = b""):
         self.blocks = blocks
         self.states = states
         self.block_size = blocks.block_size
+        self.hash_key = hash_key  # EngineConfig.hash_key: what the KV events' subscribers hash with too
 
     def match(self, req: Request) -> PrefixMatch:
-        hashes = update_block_hashes(req, self.block_size)[: (req.num_tokens - 1) // self.block_size]
+        hashes = update_block_hashes(req, self.block_size, self.hash_key)[: (req.num_tokens - 1) // self.block_size]
         mla = self.blocks.match(hashes)
         for j in range(len(mla), 0, -1):
             slot = self.states.lookup(hashes[j - 1])
@@ -71,7 +72,7 @@ class HybridPrefixCache:
         return PrefixMatch()
 
     def cache_blocks(self, req: Request) -> None:
-        hashes = update_block_hashes(req, self.block_size)
+        hashes = update_block_hashes(req, self.block_size, self.hash_key)
         full = min(req.num_computed_tokens // self.block_size, len(hashes))
         for i in range(req.num_registered_blocks, full):
             self.blocks.register(req.block_ids[i], hashes[i], hashes[i - 1] if i else None)
@@ -80,7 +81,7 @@ class HybridPrefixCache:
     def snapshot_key(self, req: Request, position: int) -> int:
         if position <= 0 or position % self.block_size:
             raise ValueError(f"snapshot position {position} is not a positive multiple of {self.block_size}")
-        key = update_block_hashes(req, self.block_size)[position // self.block_size - 1]
+        key = update_block_hashes(req, self.block_size, self.hash_key)[position // self.block_size - 1]
         if self.events is not None:  # the state pool publishes keys only; the router wants the depth too
             self.events.note_snapshot_depth(key, position)
         return key

@@ -18,6 +18,8 @@ import os
 import signal
 import socket
 
+from k3serve.core.kv_auth import KEY_ENV as KV_KEY_ENV
+from k3serve.core.kv_auth import MIN_SECRET_CHARS
 from k3serve.entrypoints.generate_cli import DEFAULT_MODEL, add_download_arguments
 
 API_KEY_ENV = "K3SERVE_API_KEY"  # like vLLM's VLLM_API_KEY: a key on the command line is visible to `ps`
@@ -79,6 +81,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("routing")
     r.add_argument("--kv-events", action="store_true",
                    help="publish KV cache events for a KV-aware router ('k3serve route'); see /kv_events/info")
+    r.add_argument("--kv-events-host", default="127.0.0.1",
+                   help="address the KV event sockets bind (default loopback: only this machine's router can "
+                        "subscribe); any other address needs a key")
+    r.add_argument("--kv-events-key-file", default=None, metavar="PATH",
+                   help=f"file holding the KV events secret (>= {MIN_SECRET_CHARS} characters; or set "
+                        f"{KV_KEY_ENV}): the events are then encrypted, only a router with the same secret may "
+                        "subscribe, and block hashes are keyed with it. --replicas makes a random one if none")
     r.add_argument("--replicas", type=int, default=1,
                    help="start N replicas (each a server + engine on a free local port) behind a KV-aware "
                         "router on --host/--port")
@@ -142,7 +151,8 @@ def server_config(args: argparse.Namespace):
     if args.gpu_memory_utilization is not None:
         engine["kv_cache_memory"] = args.gpu_memory_utilization
     if args.kv_events:
-        engine["kv_events_host"] = args.host
+        engine["kv_events_host"] = args.kv_events_host
+        engine["kv_events_keyed"] = kv_events_secret(args) is not None
     return ServerConfig(model=path, served_model_names=tuple(args.served_model_name or (args.model,)),
                         api_key=api_key, api_contract=args.api_contract, chat_format=args.chat_format,
                         max_queued_requests=args.max_queued_requests, engine=engine,
@@ -151,6 +161,19 @@ def server_config(args: argparse.Namespace):
                         media=MediaLimits(max_images=args.limit_images, max_image_bytes=args.max_image_bytes,
                                           max_pixels=args.max_image_pixels,
                                           allowed_domains=tuple(d.lower() for d in args.allowed_media_domains)))
+
+
+def kv_events_secret(args: argparse.Namespace) -> str | None:
+    """The KV events secret (key file, else the environment), checked with where the events bind. It is
+    left in this process's environment, which is how the engine process (and any replica) receives it."""
+    from k3serve.core import kv_auth
+
+    secret = kv_auth.load_secret(args.kv_events_key_file)
+    kv_auth.check_exposure(args.kv_events_host, secret)
+    if secret is not None:
+        kv_auth.KVEventsKey.from_secret(secret)  # no CURVE in this libzmq: one line now, not in the engine
+        os.environ[KV_KEY_ENV] = secret
+    return secret
 
 
 def check_engine_flags(args: argparse.Namespace, model_path: str) -> None:
@@ -266,18 +289,26 @@ def _run_replicas(args: argparse.Namespace) -> int:
     server_config(args)  # bad flags fail here, once, not in every replica
     if args.api_key is not None:  # to the replicas through their environment: their argv is visible to `ps`
         os.environ[API_KEY_ENV] = args.api_key
-    return serve_replicas(replica_argv(args), args.replicas, None, args.host, args.port, args.log_level)
+    # the replicas' events are keyed even on loopback: other local users must not read them either
+    secret = kv_events_secret(args)
+    if secret is None:
+        from k3serve.core.kv_auth import new_secret
+
+        secret = os.environ[KV_KEY_ENV] = new_secret()
+    return serve_replicas(replica_argv(args), args.replicas, None, args.host, args.port, args.log_level,
+                          kv_events_secret=secret)
 
 
 def replica_argv(args: argparse.Namespace) -> list[str]:
     """The flags of ``args`` that differ from their defaults, as a ``k3serve serve`` argv for one replica
-    (without --host/--port/--replicas/--kv-events, which the launcher sets, nor --api-key, which it passes in
-    the replicas' environment)."""
+    (without --host/--port/--replicas/--kv-events/--kv-events-host, which the launcher sets, nor --api-key and
+    --kv-events-key-file, whose secrets it passes in the replicas' environment)."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     argv: list[str] = []
     for a in parser._actions:
-        if a.dest in ("help", "host", "port", "replicas", "kv_events", "api_key"):
+        if a.dest in ("help", "host", "port", "replicas", "kv_events", "kv_events_host", "kv_events_key_file",
+                      "api_key"):
             continue
         value = getattr(args, a.dest)
         if not a.option_strings:

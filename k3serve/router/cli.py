@@ -3,7 +3,8 @@
     k3serve route --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002 --port 8000 [--policy kv]
     k3serve route simulate --trace FILE --replicas N --policy kv [--cache-blocks 10%] [--json] [--compare]
 
-Replicas should run ``k3serve serve ... --kv-events`` (``k3serve serve --replicas N`` does all of it).
+Replicas should run ``k3serve serve ... --kv-events`` (``k3serve serve --replicas N`` does all of it); if
+their events are keyed (``--kv-events-key-file`` / ``K3SERVE_KV_EVENTS_KEY``), the router needs the same secret.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="kv policy: cost per prefill block relative to a decode block (default %(default)s)")
     parser.add_argument("--cache-weight", type=float, default=_default(PolicyConfig, "cache_weight"),
                         help="kv policy: cost per block newly written into a replica's cache (default %(default)s)")
+    parser.add_argument("--kv-events-key-file", default=None, metavar="PATH",
+                        help="file holding the replicas' KV events secret (or set K3SERVE_KV_EVENTS_KEY): needed "
+                             "to subscribe to keyed events and to hash prompts as the replicas do")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="route_command", metavar="SUBCOMMAND")
     p = sub.add_parser("simulate", help="replay a Mooncake-format trace through the routing policies",
@@ -86,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_live(args: argparse.Namespace) -> int:
+    from k3serve.core.kv_auth import load_secret
     from k3serve.router.proxy import RouterConfig, serve
 
     if not args.replica:
@@ -94,7 +99,8 @@ def _run_live(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     config = RouterConfig(replicas=tuple(args.replica), policy=args.policy, session_header=args.session_header,
-                          temperature=args.temperature, weight=args.weight, cache_weight=args.cache_weight)
+                          temperature=args.temperature, weight=args.weight, cache_weight=args.cache_weight,
+                          kv_events_secret=load_secret(args.kv_events_key_file))
     print(f"k3serve: routing ({config.policy}) over {len(config.replicas)} replicas on "
           f"http://{args.host}:{args.port}", flush=True)
     serve(config, args.host, args.port, args.log_level)

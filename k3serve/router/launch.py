@@ -1,5 +1,6 @@
 """``k3serve serve --replicas N``: N local replicas (each ``k3serve serve`` = HTTP server + engine
-process, on a free port of 127.0.0.1, publishing KV events) behind the KV-aware router.
+process, on a free port of 127.0.0.1, publishing KV events on loopback, keyed with a secret the caller puts
+in their environment) behind the KV-aware router.
 
 A replica that exits while the router runs (its engine gone past its own restarts, a crash, a kill) is
 reaped at once and started again on the same port, at most REPLICA_RESTARTS times each; the router
@@ -92,9 +93,11 @@ async def supervise(procs: list[subprocess.Popen], serve_argv: list[str], ports:
 
 
 def serve_replicas(serve_argv: list[str], replicas: int, config: RouterConfig | None, host: str, port: int,
-                   log_level: str = "warning", startup_timeout_s: float = 600.0) -> int:
+                   log_level: str = "warning", startup_timeout_s: float = 600.0,
+                   kv_events_secret: str | None = None) -> int:
     """Start the replicas, wait until all are healthy, then run the router until it is stopped
-    (exit code 0 after SIGTERM/SIGHUP, 130 after SIGINT)."""
+    (exit code 0 after SIGTERM/SIGHUP, 130 after SIGINT). The replicas read ``kv_events_secret`` from
+    K3SERVE_KV_EVENTS_KEY in the environment they inherit; the router (``config`` None) is given it."""
     ports = [free_port() for _ in range(replicas)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     procs: list[subprocess.Popen] = []
@@ -104,7 +107,8 @@ def serve_replicas(serve_argv: list[str], replicas: int, config: RouterConfig | 
         try:
             procs = [start_replica(serve_argv, p) for p in ports]
             wait_healthy(procs, urls, startup_timeout_s)
-            config = RouterConfig(replicas=tuple(urls)) if config is None else config
+            if config is None:
+                config = RouterConfig(replicas=tuple(urls), kv_events_secret=kv_events_secret)
             print(f"k3serve: {replicas} replicas ({', '.join(urls)}) behind a {config.policy} router on "
                   f"http://{host}:{port}", flush=True)
             serve(config, host, port, log_level, beside=lambda: supervise(procs, serve_argv, ports))

@@ -27,7 +27,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from k3serve.core.errors import error_body
 from k3serve.core.hashing import hash_blocks
+from k3serve.core.kv_auth import KVEventsKey, check_secret
 from k3serve.router.policy import POLICIES, PolicyConfig, make_policy
 from k3serve.router.prefix_index import SnapshotRule
 from k3serve.router.replicas import ReplicaSet
@@ -62,6 +63,8 @@ class RouterConfig:
     snapshot_interval_blocks: int = 0
     health_interval_s: float = 1.0
     request_timeout_s: float = 600.0
+    # the replicas' KV events secret (core.kv_auth): subscribe with its CURVE key, hash prompts with its key
+    kv_events_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.replicas:
@@ -77,6 +80,8 @@ class RouterConfig:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
         if self.health_interval_s <= 0 or self.request_timeout_s <= 0:
             raise ValueError("health interval and request timeout must be positive")
+        if self.kv_events_secret is not None:
+            check_secret(self.kv_events_secret)
 
 
 class ReplicaUnavailable(Exception):
@@ -110,7 +115,10 @@ class Proxy:
         # for the one retry after a broken connection: never a pooled (perhaps equally stale) one
         self.fresh = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(config.request_timeout_s, connect=2.0),
                                        limits=httpx.Limits(max_keepalive_connections=0))
-        self.replicas = ReplicaSet(list(config.replicas), self.router, self.client, config.health_interval_s)
+        self.kv_key = KVEventsKey.from_secret(config.kv_events_secret) if config.kv_events_secret else None
+        self.hash_key = self.kv_key.hash_key if self.kv_key is not None else b""
+        self.replicas = ReplicaSet(list(config.replicas), self.router, self.client, config.health_interval_s,
+                                   self.kv_key)
         self.metrics = RouterMetrics(self)
         self._tokenize_turn = 0
 
@@ -172,7 +180,7 @@ class Proxy:
             return ids
         bs = self.config.block_size
         try:
-            hashes = hash_blocks(ids, bs)[: max(0, len(ids) - 1) // bs]  # the engine never hits the last token
+            hashes = hash_blocks(ids, bs, key=self.hash_key)[: max(0, len(ids) - 1) // bs]  # the engine never hits the last token
         except ValueError:  # ids out of any vocabulary: no prefix to look up, the replica will refuse them
             hashes = []
         budget = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_DECODE_TOKENS
@@ -326,7 +334,8 @@ def build_app(config: RouterConfig) -> FastAPI:
     async def replicas():
         r = proxy.router
         return {"policy": config.policy, "replicas": [
-            {"id": x.id, "url": x.url, "healthy": x.healthy, "kv_events": x.events, "down_reason": x.down_reason,
+            {"id": x.id, "url": x.url, "healthy": x.healthy, "kv_events": x.events, "kv_events_note": x.events_note,
+             "down_reason": x.down_reason,
              "resyncs": x.resyncs, "cached_blocks": r.index.num_blocks(x.id),
              "cached_snapshots": r.index.num_snapshots(x.id), "stale": r.index.is_stale(x.id),
              "active_requests": int(r.load.active_requests[x.id]),

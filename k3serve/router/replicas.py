@@ -10,6 +10,11 @@ Event path: a ZMQ SUB socket per replica receives ``[b"kv", seq, msgpack(EventBa
 batches go to ``Router.apply``. A sequence gap (lost batches, or a replica restarted behind the same URL)
 triggers a resync: a DEALER asks the engine's ROUTER socket for its ``ReplicaState``; batches arriving meanwhile are
 buffered and replayed on top of it (those at or below the state's seq are dropped as duplicates).
+
+Keyed events (``core.kv_auth``): both sockets connect as CURVE clients with the key derived from the
+router's secret. A replica whose ``/kv_events/info`` shows another server key (or none, or events bound to
+a loopback address this router cannot reach) is routed by load only, with the reason logged and shown in
+``/router/replicas`` (``kv_events_note``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import httpx
 import zmq
 import zmq.asyncio
 
+from k3serve.core.kv_auth import KEY_ENV, KVEventsKey, is_loopback, make_client
 from k3serve.core.kv_events import SNAPSHOT_REQUEST, TOPIC, EventBatch, decode_batch, decode_state
 from k3serve.router.router import Router
 from k3serve.router.sequence import Delivery
@@ -42,6 +48,7 @@ class Replica:
     url: str
     healthy: bool = False
     events: bool = False  # its KV events feed the index (else it is routed by load only)
+    events_note: str | None = None  # why its KV events are not used although it publishes them
     down_reason: str | None = "not checked yet"
     resyncs: int = 0
     misses: int = 0
@@ -64,6 +71,7 @@ class ReplicaSet:
     router: Router
     client: httpx.AsyncClient
     health_interval_s: float = 1.0
+    kv_key: KVEventsKey | None = None  # the replicas' KV events key (core.kv_auth); None: unkeyed events
     replicas: list[Replica] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -136,10 +144,12 @@ class ReplicaSet:
     async def _admit(self, rep: Replica) -> None:
         epoch = rep.epoch
         info = (await self.client.get(rep.url + "/kv_events/info", timeout=5.0)).json()
-        if info.get("enabled"):
-            if info.get("block_size") != self.router.index.block_size:
-                raise ValueError(f"replica {rep.url} hashes {info.get('block_size')}-token blocks, the router "
-                                 f"{self.router.index.block_size}")
+        enabled = bool(info.get("enabled"))
+        if enabled and info.get("block_size") != self.router.index.block_size:
+            raise ValueError(f"replica {rep.url} hashes {info.get('block_size')}-token blocks, the router "
+                             f"{self.router.index.block_size}")
+        rep.events_note = self._events_problem(rep, info) if enabled else None
+        if enabled and rep.events_note is None:
             rep._kv_addr = (rep.host, int(info["snapshot_port"]))
             rep._buffer = []  # from the first batch on, until the state they continue is loaded
             self._subscribe(rep, int(info["pub_port"]))
@@ -147,13 +157,31 @@ class ReplicaSet:
             await self._resync_now(rep)
             rep.events = True
         else:
-            log.warning("replica %s publishes no KV events (start it with --kv-events): routed by load only",
-                        rep.url)
+            log.warning("replica %s %s: routed by load only", rep.url,
+                        rep.events_note or "publishes no KV events (start it with --kv-events)")
             rep.events = False
         if rep.epoch != epoch:
             raise ValueError("removed while being admitted")
         rep.healthy, rep.down_reason = True, None
         log.info("replica %d (%s) admitted", rep.id, rep.url)  # routine (also after a restart); removal warns
+
+    def _events_problem(self, rep: Replica, info: dict) -> str | None:
+        """Why this router cannot use the replica's KV events (a key or address mismatch), or None."""
+        theirs = info.get("server_key")
+        mine = self.kv_key.server_public.decode() if self.kv_key is not None else None
+        if theirs != mine:
+            if mine is None:
+                return (f"publishes keyed KV events, and this router has no key (give it the replicas' secret: "
+                        f"--kv-events-key-file or {KEY_ENV})")
+            if theirs is None:
+                return "publishes unkeyed KV events, and this router has a key: their block hashes would never match"
+            return (f"KV events key mismatch: the replica's server key is {theirs}, this router's secret gives "
+                    f"{mine}")
+        bound = info.get("host") or ""
+        if bound and is_loopback(bound) and not is_loopback(rep.host):
+            return (f"binds its KV events to {bound}, which this router cannot reach at {rep.host} (start it "
+                    "with --kv-events-host and a key)")
+        return None
 
     def _drop(self, rep: Replica, reason: str) -> None:
         if rep.healthy:
@@ -171,6 +199,8 @@ class ReplicaSet:
 
     def _subscribe(self, rep: Replica, port: int) -> None:
         sock = self._ctx.socket(zmq.SUB)
+        if self.kv_key is not None:
+            make_client(sock, self.kv_key)
         sock.setsockopt(zmq.SUBSCRIBE, TOPIC)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(f"tcp://{rep.host}:{port}")
@@ -228,11 +258,15 @@ class ReplicaSet:
     async def _request_state(self, host: str, port: int) -> bytes:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if self.kv_key is not None:
+            make_client(sock, self.kv_key)
         try:
             sock.connect(f"tcp://{host}:{port}")
             await sock.send_multipart([SNAPSHOT_REQUEST])
             if not await sock.poll(int(RESYNC_TIMEOUT_S * 1000)):
-                raise TimeoutError(f"no KV state from {host}:{port} within {RESYNC_TIMEOUT_S:.0f} s")
+                # a CURVE handshake that fails (wrong key) is silent on this side: nothing ever arrives
+                hint = "KV events key mismatch?" if self.kv_key is not None else "events port unreachable?"
+                raise TimeoutError(f"no KV state from {host}:{port} within {RESYNC_TIMEOUT_S:.0f} s ({hint})")
             frames = await sock.recv_multipart()
             if len(frames) != 1 or not frames[0]:
                 raise ValueError(f"bad KV state reply from {host}:{port}")

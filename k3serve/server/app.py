@@ -201,8 +201,9 @@ def build_app(config: ServerConfig) -> FastAPI:
         info = state.client.ready.kv_events if state.client is not None and state.client.ready else None
         if info is None:
             return {"enabled": False}
+        # server_key: the CURVE public key of keyed events (None: unkeyed), for a router to spot a mismatch
         return {"enabled": True, "block_size": info.block_size, "pub_port": info.pub_port,
-                "snapshot_port": info.snapshot_port}
+                "snapshot_port": info.snapshot_port, "host": info.host, "server_key": info.server_key}
 
     @app.get("/version")
     async def version():

@@ -22,7 +22,8 @@ from k3serve.router.router import Router
 def fake_engine() -> SimpleNamespace:
     blocks = SimpleNamespace(block_size=16, hash_to_block={})
     states = SimpleNamespace(snapshot_of={})
-    return SimpleNamespace(blocks=blocks, states=states, scheduler=SimpleNamespace(cache=SimpleNamespace()))
+    return SimpleNamespace(blocks=blocks, states=states, scheduler=SimpleNamespace(cache=SimpleNamespace()),
+                           config=SimpleNamespace(hash_key=b""))
 
 
 class FakeReplica:
