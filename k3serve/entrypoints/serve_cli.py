@@ -140,6 +140,7 @@ def server_config(args: argparse.Namespace):
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if not args.log_stats_interval > 0:
         raise ValueError(f"--log-stats-interval must be > 0 seconds, got {args.log_stats_interval}")
+    keyed = args.kv_events and kv_events_secret(args) is not None  # before the (perhaps slow) model lookup
     from k3serve.models.registry import resolve_model_path
 
     path = str(resolve_model_path(args.model, revision=args.revision, download_dir=args.download_dir))
@@ -152,7 +153,7 @@ def server_config(args: argparse.Namespace):
         engine["kv_cache_memory"] = args.gpu_memory_utilization
     if args.kv_events:
         engine["kv_events_host"] = args.kv_events_host
-        engine["kv_events_keyed"] = kv_events_secret(args) is not None
+        engine["kv_events_keyed"] = keyed
     return ServerConfig(model=path, served_model_names=tuple(args.served_model_name or (args.model,)),
                         api_key=api_key, api_contract=args.api_contract, chat_format=args.chat_format,
                         max_queued_requests=args.max_queued_requests, engine=engine,
@@ -282,19 +283,20 @@ async def _serve(app, args: argparse.Namespace, sock: socket.socket, stopped: li
 
 
 def _run_replicas(args: argparse.Namespace) -> int:
+    from k3serve.core import kv_auth
     from k3serve.router.launch import serve_replicas
 
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.kv_events_host != "127.0.0.1":
+        raise ValueError("--kv-events-host: the replicas of --replicas publish on 127.0.0.1, next to their router")
     server_config(args)  # bad flags fail here, once, not in every replica
     if args.api_key is not None:  # to the replicas through their environment: their argv is visible to `ps`
         os.environ[API_KEY_ENV] = args.api_key
-    # the replicas' events are keyed even on loopback: other local users must not read them either
-    secret = kv_events_secret(args)
-    if secret is None:
-        from k3serve.core.kv_auth import new_secret
-
-        secret = os.environ[KV_KEY_ENV] = new_secret()
+    # keyed even on loopback: other local users must not read the events either
+    secret = kv_auth.load_secret(args.kv_events_key_file) or kv_auth.new_secret()
+    kv_auth.KVEventsKey.from_secret(secret)
+    os.environ[KV_KEY_ENV] = secret
     return serve_replicas(replica_argv(args), args.replicas, None, args.host, args.port, args.log_level,
                           kv_events_secret=secret)
 

@@ -128,7 +128,7 @@ def test_replica_argv_keeps_only_changed_flags():
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["some-model", "--replicas", "3", "--port", "9000", "--max-num-seqs", "4", "--kv-events",
-                         "--api-key", "secret",
+                         "--api-key", "secret", "--kv-events-host", "0.0.0.0", "--kv-events-key-file", "/k",
                          "--no-enable-prefix-caching", "--served-model-name", "a", "b"])
     assert replica_argv(args) == ["some-model", "--served-model-name", "a", "b", "--max-num-seqs", "4",
                                   "--no-enable-prefix-caching"]
