@@ -1,5 +1,6 @@
 """The live router over 3 real replicas (`k3serve serve kimi-linear-tiny-random --kv-events`) on 127.0.0.1,
-started once for the module, with a `kv` and a `round_robin` router (`k3serve route`) in front.
+started once for the module, with a `kv` and a `round_robin` router (`k3serve route`) in front; replicas
+and routers share a KV events secret (K3SERVE_KV_EVENTS_KEY), so events are encrypted and hashes keyed.
 
 * multi-turn conversations through the `kv` router give the same greedy outputs as one replica, and the
   replicas' measured prefix hit rate beats the same workload through `round_robin`;
@@ -31,6 +32,7 @@ import pytest
 MODEL = "kimi-linear-tiny-random"
 NAME = "tiny"
 STARTUP_S = 180
+KV_KEY_ENV, KV_SECRET = "K3SERVE_KV_EVENTS_KEY", "live-router-test-secret"  # keyed events, as in production
 
 
 def free_port() -> int:
@@ -47,7 +49,8 @@ class Proc:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "k3serve", *self.args], stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env={**os.environ, KV_KEY_ENV: KV_SECRET})
 
     def kill(self) -> None:
         """SIGKILL the whole session: the HTTP server and its engine process, no goodbye."""
@@ -184,6 +187,7 @@ def test_multi_turn_matches_one_replica_and_beats_round_robin(cluster):
     # the router's own view agrees: it holds blocks for the replicas that served
     view = c.get(cluster.routers["kv"] + "/router/replicas").json()["replicas"]
     assert all(r["healthy"] and r["kv_events"] and not r["stale"] for r in view)
+    assert all(c.get(u + "/kv_events/info").json()["server_key"] for u in cluster.urls)  # keyed
     assert sum(r["cached_blocks"] for r in view) > 0
 
 
