@@ -10,7 +10,8 @@ Byte layout hashed for one block (all integers little-endian):
   number of tokens (u32) | token ids (u32 each) | extra (opaque bytes, e.g. a LoRA name or cache salt)
 
 With a ``key`` the hashes are BLAKE2b MACs: whoever sees them (KV event subscribers) cannot test whether a
-guessed prompt is cached without the key. The empty key gives the unkeyed hashes.
+guessed prompt is cached without the key (a keyed hash also absorbs one 0x02 byte before the layout
+above). The empty key gives the unkeyed hashes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 _PERSON = b"k3serve-blk-v1"  # domain separation: bump the version if the layout ever changes
 _ROOT = b"\x00"
 _CHILD = b"\x01"
+_KEYED = b"\x02"
 _U64_MAX = (1 << 64) - 1
 
 
@@ -45,7 +47,12 @@ def _base(key: bytes) -> "hashlib._Hash":
     (cheaper than a fresh constructor, and a keyed constructor costs a whole extra compression)."""
     if len(key) > hashlib.blake2b.MAX_KEY_SIZE:
         raise ValueError(f"hash key must be at most {hashlib.blake2b.MAX_KEY_SIZE} bytes, got {len(key)}")
-    return hashlib.blake2b(digest_size=8, person=_PERSON, key=key)
+    h = hashlib.blake2b(digest_size=8, person=_PERSON, key=key)
+    if key:
+        # BLAKE2 holds the padded key block back until more input arrives; one byte of it here makes the
+        # cached state compress that block once, not every block again (keyed: 1 compression, not 2)
+        h.update(_KEYED)
+    return h
 
 
 def _check_parent(parent: int | None) -> None:
