@@ -10,8 +10,7 @@ Byte layout hashed for one block (all integers little-endian):
   number of tokens (u32) | token ids (u32 each) | extra (opaque bytes, e.g. a LoRA name or cache salt)
 
 With a ``key`` the hashes are BLAKE2b MACs: whoever sees them (KV event subscribers) cannot test whether a
-guessed prompt is cached without the key (a keyed hash also absorbs one 0x02 byte before the layout
-above). The empty key gives the unkeyed hashes.
+guessed prompt is cached without the key. The empty key gives the unkeyed hashes.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from collections.abc import Sequence
 _PERSON = b"k3serve-blk-v1"  # domain separation: bump the version if the layout ever changes
 _ROOT = b"\x00"
 _CHILD = b"\x01"
-_KEYED = b"\x02"
 _U64_MAX = (1 << 64) - 1
 
 
@@ -43,16 +41,12 @@ def _token_bytes(token_ids: Sequence[int]) -> bytes:
 
 @functools.lru_cache(maxsize=8)
 def _base(key: bytes) -> "hashlib._Hash":
-    """A BLAKE2b state with the personalisation and key already absorbed; each block hashes a ``copy()``
-    (cheaper than a fresh constructor, and a keyed constructor costs a whole extra compression)."""
+    """A BLAKE2b state with the personalisation and key already set up; each block hashes a ``copy()``,
+    cheaper than a fresh constructor. (A keyed hash still costs one more compression per block, of the key
+    block, which BLAKE2 holds back until the final one: measured ~+200 ns/block, benchmarks/RESULTS.md.)"""
     if len(key) > hashlib.blake2b.MAX_KEY_SIZE:
         raise ValueError(f"hash key must be at most {hashlib.blake2b.MAX_KEY_SIZE} bytes, got {len(key)}")
-    h = hashlib.blake2b(digest_size=8, person=_PERSON, key=key)
-    if key:
-        # BLAKE2 holds the padded key block back until more input arrives; one byte of it here makes the
-        # cached state compress that block once, not every block again (keyed: 1 compression, not 2)
-        h.update(_KEYED)
-    return h
+    return hashlib.blake2b(digest_size=8, person=_PERSON, key=key)
 
 
 def _check_parent(parent: int | None) -> None:
