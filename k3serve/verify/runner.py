@@ -57,13 +57,13 @@ async def run_one(chk: Check, ctx: Ctx, timeout_s: float) -> Result:
 
 
 async def run_verify(target: Target, *, only: Sequence[str] = (), transport: httpx.AsyncBaseTransport | None = None,
-                     progress: Callable[[int, int, Result | None], None] | None = None) -> list[Result]:
+                     reference=None, progress: Callable[[int, int, Result | None], None] | None = None) -> list[Result]:
     client = Client(target.base_url, api_key=target.api_key, transport=transport,
                     request_timeout=target.timeout_s)
-    reference = None
+    """``transport``/``reference``: an in-process endpoint and a ready ``verify.reference.Reference`` (tests)."""
     try:
         model = await _model(client, target.model)
-        if target.reference:
+        if reference is None and target.reference:
             from k3serve.verify.reference import open_reference
 
             reference = open_reference(target.reference, target.model, target.api_key)
@@ -79,5 +79,5 @@ async def run_verify(target: Target, *, only: Sequence[str] = (), transport: htt
         return results
     finally:
         await client.close()
-        if reference is not None:
+        if reference is not None and not isinstance(reference, type(None)):
             await reference.close()

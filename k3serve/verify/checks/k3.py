@@ -13,7 +13,7 @@ from k3serve.verify.checks.prompts import CAR, DECLINE_ASK, HOTEL, JSON_ASK, JSO
 
 
 def json_request(ctx: Ctx, **extra) -> dict:
-    return ctx.body(JSON_ASK, response_format=JSON_FORMAT, max_tokens=80, **thinking(False), **extra)
+    return {**ctx.body(JSON_ASK, response_format=JSON_FORMAT, max_tokens=80, **thinking(False)), **extra}
 
 
 @check("k3", "response_format_json_schema", "json_schema: the answer is compact JSON matching the schema, 'stop'")
