@@ -79,5 +79,5 @@ async def run_verify(target: Target, *, only: Sequence[str] = (), transport: htt
         return results
     finally:
         await client.close()
-        if reference is not None and not isinstance(reference, type(None)):
+        if reference is not None:
             await reference.close()
