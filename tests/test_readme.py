@@ -14,6 +14,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -134,7 +135,7 @@ def _run(argv: list[str], env: dict[str, str]) -> None:
 
 
 def _bench(argv: list[str], env: dict[str, str]) -> None:
-    """`bench` needs a server: the default model, as the README's first command serves it."""
+    """`bench` and `verify` need a server: the default model, as the README's first command serves it."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "k3serve", "serve", "--port", str(port)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -149,7 +150,12 @@ def _bench(argv: list[str], env: dict[str, str]) -> None:
                 pass
             time.sleep(0.3)
         argv = _set(argv, "--base-url", f"http://127.0.0.1:{port}")
-        _run(_set(_set(argv, "--num-prompts", "2"), "--output-len", "4"), env)
+        if argv[0] == "verify":  # the parameter checks only (seconds); the report goes to a temporary file
+            html = Path(tempfile.mkdtemp()) / "report.html"
+            _run(_set(argv, "--html", str(html)) + ["--only", "params"], env)
+            assert "verdict" in html.read_text().lower()
+        else:
+            _run(_set(_set(argv, "--num-prompts", "2"), "--output-len", "4"), env)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
@@ -164,7 +170,7 @@ def run_readme_command(command: str, stand_ins: dict[str, str]) -> None:
         # the replica hosts stand for servers elsewhere; unreachable ones leave the router up, reporting them
         argv = [f"http://127.0.0.1:{free_port()}" if a.startswith("http://h") else a for a in argv]
         _run_server(argv, env, probe="/router/replicas")
-    elif sub == "bench":
+    elif sub in ("bench", "verify"):
         _bench(argv, env)
     elif sub in ("route", "generate", "tokenize", "params", "plan"):
         _run(argv, env)
@@ -175,7 +181,7 @@ def run_readme_command(command: str, stand_ins: dict[str, str]) -> None:
 def test_every_readme_command_is_covered():
     commands = readme_commands()
     assert "k3serve serve" in commands and len(commands) >= 10
-    known = {"serve", "route", "bench", "generate", "tokenize", "params", "plan"}
+    known = {"serve", "route", "bench", "verify", "generate", "tokenize", "params", "plan"}
     assert {shlex.split(c)[1] for c in commands} <= known
 
 

@@ -19,7 +19,7 @@ from k3serve.core.config import ModelConfig
 from k3serve.engine.block_pool import BlockPool
 from k3serve.engine.config import EngineConfig, check_device
 from k3serve.engine.logits_processor import LogitsProcessor
-from k3serve.engine.memory import CachePlan, keep_freed_memory, plan_cache, resolve_budget
+from k3serve.engine.memory import CachePlan, fitting_model_len, keep_freed_memory, plan_cache, resolve_budget
 from k3serve.engine.model_runner import ModelRunner, StepResult
 from k3serve.engine.multimodal import ImageInput, check_images
 from k3serve.engine.outputs import RequestOutput
@@ -65,16 +65,26 @@ class LLMEngine:
         text = model_config.text
         self.vocab_size = text.vocab_size
         self.eos_token_ids = tuple(text.eos_token_id)
-        if config.max_model_len is not None and config.max_model_len > text.max_position_embeddings:
+        declared = text.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > declared:
             raise ValueError(f"max_model_len: {config.max_model_len} is longer than the model's "
-                             f"max_position_embeddings ({text.max_position_embeddings})")
-        self.max_model_len = config.max_model_len or text.max_position_embeddings
+                             f"max_position_embeddings ({declared})")
         spec = cache_spec(model, dtype)
-        self.plan: CachePlan = plan_cache(
-            resolve_budget(config.kv_cache_memory, torch.device(device)),
-            mla_bytes_per_token=spec.mla_bytes_per_token, kda_bytes_per_slot=spec.kda_bytes_per_slot,
-            block_size=config.block_size, max_running=config.max_num_seqs, max_model_len=self.max_model_len,
-            snapshot_fraction=config.snapshot_memory_fraction if config.enable_prefix_caching else 0.0)
+        budget = resolve_budget(config.kv_cache_memory, torch.device(device))
+        sizes = dict(mla_bytes_per_token=spec.mla_bytes_per_token, kda_bytes_per_slot=spec.kda_bytes_per_slot,
+                     block_size=config.block_size, max_running=config.max_num_seqs,
+                     snapshot_fraction=config.snapshot_memory_fraction if config.enable_prefix_caching else 0.0)
+        self.max_model_len = config.max_model_len
+        if self.max_model_len is None:
+            # a checkpoint declaring 1M tokens must start with default options: cap to what the cache holds
+            fits = fitting_model_len(budget, declared=declared, **sizes)
+            self.max_model_len = max(fits, min(declared, config.block_size))  # too small: plan_cache says so
+            if self.max_model_len < declared:
+                log.warning(f"max_model_len: {self.max_model_len} tokens, not the model's {declared}: that is what "
+                            f"a {budget / 2**20:.1f} MiB cache holds for one sequence beside {config.max_num_seqs} "
+                            "running slots (more: raise --kv-cache-memory / --gpu-memory-utilization, lower "
+                            "--max-num-seqs)")
+        self.plan: CachePlan = plan_cache(budget, max_model_len=self.max_model_len, **sizes)
         log.info(self.plan.report())
         caches = allocate_caches(spec, num_blocks=self.plan.num_blocks, block_size=config.block_size,
                                  num_slots=config.max_num_seqs + self.plan.num_snapshot_slots, device=device)

@@ -6,6 +6,8 @@
 
 ``num_snapshot_slots = floor(snapshot_fraction · budget / kda_bytes_per_slot)`` when prefix caching is on.
 The block pool must hold at least one sequence of ``max_model_len`` tokens, so every request can run alone.
+When the user gives no ``max_model_len``, ``fitting_model_len`` caps the model's declared context (1M tokens for
+K3) to the longest sequence that budget holds, so a default start never fails on the cache size.
 """
 
 from __future__ import annotations
@@ -64,6 +66,20 @@ def resolve_budget(kv_cache_memory: float, device: torch.device) -> int:
     if kv_cache_memory > 1:
         return int(kv_cache_memory)
     return int(kv_cache_memory * available_memory(device))
+
+
+def fitting_model_len(budget_bytes: int, *, mla_bytes_per_token: int, kda_bytes_per_slot: int, block_size: int,
+                      max_running: int, declared: int, snapshot_fraction: float) -> int:
+    """The default context: ``declared`` (the model's max_position_embeddings), or less when one sequence of it
+    does not fit in the blocks left after the running and snapshot KDA slots; whole blocks only. May be below 2
+    when the budget is too small for anything, which ``plan_cache`` then reports."""
+    if not mla_bytes_per_token:
+        return declared
+    running = max_running * kda_bytes_per_slot
+    snapshots = int(snapshot_fraction * budget_bytes) // kda_bytes_per_slot if kda_bytes_per_slot else 0
+    rest = budget_bytes - running - snapshots * kda_bytes_per_slot
+    blocks = max(0, rest // (block_size * mla_bytes_per_token))
+    return min(declared, blocks * block_size)
 
 
 def plan_cache(budget_bytes: int, *, mla_bytes_per_token: int, kda_bytes_per_slot: int, block_size: int,

@@ -27,6 +27,24 @@ ENGINE_GONE = -1  # in `stopped`: the engine died for good (not a signal)
 _UNSUPPORTED_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "nnodes")
 
 
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+          "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """'536870912', '512MiB', '4GiB', '1.5G' -> bytes (argparse type: a bad value is one line)."""
+    s = text.strip().lower()
+    num = s.rstrip("kmgtib")
+    unit = s[len(num):]
+    try:
+        value = float(num) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte size (e.g. 536870912, 512MiB, 4GiB)") from None
+    if not 2 <= value < 2**63:  # 1 or less would read as a fraction of free memory in the engine
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 2 bytes")
+    return int(value)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                    help="checkpoint directory, Hugging Face repo id (owner/name) or built-in model name")
@@ -96,7 +114,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once")
     e.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one engine step")
     e.add_argument("--gpu-memory-utilization", type=float, default=None,
-                   help="fraction of device memory for the KV/state caches (default: 256 MiB on CPU)")
+                   help="fraction of the free device memory (host memory on CPU) for the KV/state caches "
+                        "(default: a 256 MiB cache)")
+    e.add_argument("--kv-cache-memory", type=parse_bytes, default=None, metavar="BYTES",
+                   help="size of the KV/state caches in bytes, e.g. 536870912, 512MiB or 4GiB (default: 256MiB); "
+                        "without --max-model-len the context is capped to what this holds, with a log line")
     e.add_argument("--kv-cache-dtype", choices=["bf16", "fp8"], default="bf16",
                    help="KV cache precision (fp8 is not supported yet)")
     e.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="compute dtype")
@@ -149,8 +171,12 @@ def server_config(args: argparse.Namespace):
               "max_num_batched_tokens": args.max_num_batched_tokens, "enable_prefix_caching": args.prefix_caching,
               "device": args.device, "seed": args.seed,
               "log_stats_interval": 0.0 if args.disable_log_stats else args.log_stats_interval}
+    if args.gpu_memory_utilization is not None and args.kv_cache_memory is not None:
+        raise ValueError("--kv-cache-memory and --gpu-memory-utilization: give one of them")
     if args.gpu_memory_utilization is not None:
         engine["kv_cache_memory"] = args.gpu_memory_utilization
+    if args.kv_cache_memory is not None:
+        engine["kv_cache_memory"] = float(args.kv_cache_memory)
     if args.kv_events:
         engine["kv_events_host"] = args.kv_events_host
         engine["kv_events_keyed"] = keyed
