@@ -59,17 +59,22 @@ def param_slot(key: str, p: torch.Tensor, stored_dtype: torch.dtype | None = Non
     return WeightSlot(key, tuple(p.shape), dtype, _copy_into(key, p), lambda: p.detach().to(dtype))
 
 
+def a_log_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """A stored A_log (``[1, 1, H, 1]``, ``[>= H]`` or ``[H]``) as ``[H]`` (other shapes as they are)."""
+    if t.dim() == 4 and t.shape[0] == t.shape[1] == t.shape[3] == 1:
+        t = t.reshape(-1)
+    if t.dim() == 1 and t.shape[0] >= heads:
+        return t[:heads]
+    return t
+
+
 def a_log_slot(key: str, a_log: torch.Tensor, head_dim: int, layout: str) -> WeightSlot:
     """A_log ``[H]``: K3 stores ``[max(H, head_dim)]`` (first H live, rest zero), Kimi-Linear ``[1, 1, H, 1]``;
     both, and plain ``[H]``, load."""
     H = a_log.shape[0]
 
     def accept(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() == 4 and t.shape[0] == t.shape[1] == t.shape[3] == 1:
-            t = t.reshape(-1)
-        if t.dim() == 1 and t.shape[0] >= H:
-            return t[:H]
-        return t
+        return a_log_heads(t, H)
 
     if layout == "k3":
         stored = (max(H, head_dim),)
