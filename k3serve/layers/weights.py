@@ -93,21 +93,22 @@ def a_log_slot(key: str, a_log: torch.Tensor, head_dim: int, layout: str) -> Wei
 
 
 def collect_slots(module: nn.Module, prefix: str = "", stored_dtype: torch.dtype | None = None,
-                  _seen: set[int] | None = None) -> list[WeightSlot]:
+                  _seen: set[int] | None = None, _claimed: frozenset[str] = frozenset()) -> list[WeightSlot]:
     """All checkpoint slots of ``module`` (recursively), keyed by checkpoint name. A tensor shared by two
-    modules (tied ``lm_head`` / ``embed_tokens``) is stored once, under the name met first."""
+    modules (tied ``lm_head`` / ``embed_tokens``) is stored once, under the name met first. A key a module's
+    ``checkpoint_slots`` returns is its own, also when it names a child's tensor (a sharded conv filter)."""
     seen = set() if _seen is None else _seen
     slots = list(module.checkpoint_slots(prefix)) if hasattr(module, "checkpoint_slots") else []
     if getattr(module, "slots_cover_all", False):
         return slots
-    claimed = {s.key for s in slots}
+    claimed = _claimed | {s.key for s in slots}
     for name, p in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
         if name in module._non_persistent_buffers_set or prefix + name in claimed or id(p) in seen:
             continue
         seen.add(id(p))
         slots.append(param_slot(prefix + name, p, stored_dtype))
     for name, child in module.named_children():
-        slots.extend(collect_slots(child, f"{prefix}{name}.", stored_dtype, seen))
+        slots.extend(collect_slots(child, f"{prefix}{name}.", stored_dtype, seen, claimed))
     return slots
 
 
