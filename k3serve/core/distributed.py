@@ -12,6 +12,13 @@ World rank layout (dp outermost): ``rank = dp_rank * tp + tp_rank``. Expert para
 Reduction modes: ``"fast"`` is ``all_reduce`` (the backend picks the order, so TP-N differs from TP-1 in
 the last bits); ``"ordered"`` all-gathers the partials and sums them in rank order, which is the order a
 single process sums the same partials in, so TP-N is bit-exact to TP-1 on gloo in fp32.
+
+Pieces: a layout splits every tensor-parallel dimension into ``partitions = max(tp, pieces)`` equal pieces, and
+each rank holds ``pieces // tp`` of them (``local_pieces``). The sharded layers compute each held piece as a
+rank would (its own GEMMs over its slice) and add the partials in piece order (``sum_partials``) before the
+all-reduce. So one process with ``pieces=N`` runs exactly the arithmetic of ``tp=N``: with ``"ordered"``
+TP-N equals TP-1(pieces=N) bit for bit. Plain TP-1 (pieces 1) sums the same terms in one GEMM: equal within
+rounding.
 """
 
 from __future__ import annotations
@@ -31,9 +38,10 @@ class ParallelLayout:
     ep: int = 1  # expert-parallel ranks (1: experts split by width over tp; tp: whole experts per rank)
     dp: int = 1  # attention data-parallel groups, each its own scheduler and caches
     reduce_mode: str = "fast"
+    pieces: int = 1  # partials per reduction (see the module docstring); 1 or a multiple of tp
 
     def __post_init__(self) -> None:
-        for name in ("tp", "ep", "dp"):
+        for name in ("tp", "ep", "dp", "pieces"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -42,6 +50,13 @@ class ParallelLayout:
                              f"got {self.ep}")
         if self.reduce_mode not in REDUCE_MODES:
             raise ValueError(f"reduce_mode must be one of {REDUCE_MODES}, got {self.reduce_mode!r}")
+        if self.pieces > 1 and self.pieces % self.tp:
+            raise ValueError(f"pieces must be 1 or a multiple of tp ({self.tp}), got {self.pieces}")
+
+    @property
+    def partitions(self) -> int:
+        """How many equal pieces every tensor-parallel dimension is cut into."""
+        return max(self.tp, self.pieces)
 
     @property
     def world_size(self) -> int:
@@ -51,9 +66,10 @@ class ParallelLayout:
         """Refuse a layout the model cannot be split by: ``counts`` names what tp divides (``heads=...``,
         ``kv_heads=...``, ``vocab=...``, ``moe_intermediate=...``) and what ep divides (``experts=...``)."""
         for what, n in counts.items():
-            ways = self.ep if what == "experts" else self.tp
+            ways = self.ep if what == "experts" else self.partitions
             if n % ways:
-                flag = "--expert-parallel" if what == "experts" else "--tensor-parallel-size"
+                flag = ("--expert-parallel" if what == "experts" else
+                        "--tensor-parallel-size" if ways == self.tp else "pieces")
                 raise ValueError(f"{what.replace('_', ' ')} ({n}) cannot be split over {ways} ranks "
                                  f"({flag} {ways}): {n} is not a multiple of {ways}")
 
@@ -92,6 +108,25 @@ class Parallel:
         per = n // ways
         r = self.tp_rank % ways
         return r * per, (r + 1) * per
+
+    @property
+    def local_pieces(self) -> int:
+        return self.layout.partitions // self.tp
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the layers split their weights (over ranks, or into pieces in this process)."""
+        return self.layout.partitions > 1
+
+    def held(self, n: int) -> tuple[int, int]:
+        """[start, end) of the part of a tensor-parallel dimension of size ``n`` this rank holds."""
+        per = n // self.layout.partitions * self.local_pieces
+        return self.tp_rank * per, (self.tp_rank + 1) * per
+
+    def pieces_of(self, n: int) -> list[slice]:
+        """The held pieces of a dimension of size ``n``, as slices of the held part (one slice per piece)."""
+        per = n // self.layout.partitions
+        return [slice(p * per, (p + 1) * per) for p in range(self.local_pieces)]
 
 
 SINGLE = Parallel()
@@ -141,3 +176,21 @@ def all_gather(x: torch.Tensor, par: Parallel) -> list[torch.Tensor]:
 def gather_last_dim(x: torch.Tensor, par: Parallel) -> torch.Tensor:
     """Concatenate the tp ranks' shards of the last dimension (a column-parallel output made whole)."""
     return x if par.tp == 1 else torch.cat(all_gather(x, par), dim=-1)
+
+
+# Pieces: the partials one rank adds up itself before the all-reduce (see the module docstring).
+
+
+def sum_partials(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Partials summed left to right, as the "ordered" all-reduce adds ranks: one piece is returned as is."""
+    out = parts[0]
+    if len(parts) > 1:
+        out = out.clone()
+        for p in parts[1:]:
+            out += p
+    return out
+
+
+def reduce_pieces(parts: list[torch.Tensor], par: Parallel) -> torch.Tensor:
+    """A row-parallel output made whole: this rank's pieces in order, then the all-reduce over ranks."""
+    return all_reduce(sum_partials(parts), par)

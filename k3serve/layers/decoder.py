@@ -14,27 +14,32 @@ from torch import nn
 
 from k3serve.core.config import TextConfig
 from k3serve.core.context import ForwardContext
+from k3serve.core.distributed import SINGLE, Parallel
 from k3serve.layers.attn_res import AttnResState, AttnResWeights
 from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.mla import MLAttention
 from k3serve.layers.moe import GatedMLP, SparseMoE
+from k3serve.layers.moe_tp import ParallelGatedMLP, TensorParallelMoE
 from k3serve.layers.norm import KimiRMSNorm
 from k3serve.ops import registry
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TextConfig, layer_idx: int, *, model_type: str, mxfp4_experts: bool):
+    def __init__(self, cfg: TextConfig, layer_idx: int, *, model_type: str, mxfp4_experts: bool,
+                 par: Parallel = SINGLE):
         super().__init__()
         d = cfg.hidden_size
         self.layer_idx, self.eps = layer_idx, cfg.rms_norm_eps
         if cfg.layer_kinds[layer_idx] == "kda":
-            self.self_attn = KimiDeltaAttention(cfg, layer_idx, model_type=model_type)
+            self.self_attn = KimiDeltaAttention(cfg, layer_idx, model_type=model_type, par=par)
         else:
-            self.self_attn = MLAttention(cfg, layer_idx)
+            self.self_attn = MLAttention(cfg, layer_idx, par)
         if cfg.is_moe_layer(layer_idx):
-            self.block_sparse_moe = SparseMoE(cfg, mxfp4_experts)
+            moe = TensorParallelMoE if par.sharded else SparseMoE
+            self.block_sparse_moe = moe(cfg, mxfp4_experts, par)
         else:
-            self.mlp = GatedMLP(d, cfg.intermediate_size, cfg)
+            self.mlp = ParallelGatedMLP(d, cfg.intermediate_size, cfg, par) if par.sharded else \
+                GatedMLP(d, cfg.intermediate_size, cfg)
         self.input_layernorm = KimiRMSNorm(d, cfg.rms_norm_eps)
         self.post_attention_layernorm = KimiRMSNorm(d, cfg.rms_norm_eps)
         self.block_size = cfg.attn_res_block_size

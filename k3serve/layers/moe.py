@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from k3serve.core.config import TextConfig
+from k3serve.core.distributed import SINGLE, Parallel
 from k3serve.layers.activation import make_glu
 from k3serve.layers.norm import KimiRMSNorm
 from k3serve.layers.weights import SwappedCache, WeightSlot, keep_fp32, param_slot
@@ -130,8 +131,12 @@ class RoutedExperts(nn.Module):
 class SparseMoE(nn.Module):
     """Router + routed experts (optionally in a latent space) + shared experts."""
 
-    def __init__(self, cfg: TextConfig, mxfp4: bool):
+    def __init__(self, cfg: TextConfig, mxfp4: bool, par: Parallel = SINGLE):
         super().__init__()
+        if par.ep > 1:
+            raise ValueError("expert parallelism (ep > 1) is not wired yet: run the experts tensor-parallel (ep 1)")
+        if par.sharded:
+            raise ValueError("a sharded layout runs the MoE as layers.moe_tp.TensorParallelMoE")
         d = cfg.hidden_size
         self.gate = MoEGate(d, cfg)
         self.experts = RoutedExperts(cfg, mxfp4)

@@ -59,17 +59,22 @@ def param_slot(key: str, p: torch.Tensor, stored_dtype: torch.dtype | None = Non
     return WeightSlot(key, tuple(p.shape), dtype, _copy_into(key, p), lambda: p.detach().to(dtype))
 
 
+def a_log_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """A stored A_log (``[1, 1, H, 1]``, ``[>= H]`` or ``[H]``) as ``[H]`` (other shapes as they are)."""
+    if t.dim() == 4 and t.shape[0] == t.shape[1] == t.shape[3] == 1:
+        t = t.reshape(-1)
+    if t.dim() == 1 and t.shape[0] >= heads:
+        return t[:heads]
+    return t
+
+
 def a_log_slot(key: str, a_log: torch.Tensor, head_dim: int, layout: str) -> WeightSlot:
     """A_log ``[H]``: K3 stores ``[max(H, head_dim)]`` (first H live, rest zero), Kimi-Linear ``[1, 1, H, 1]``;
     both, and plain ``[H]``, load."""
     H = a_log.shape[0]
 
     def accept(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() == 4 and t.shape[0] == t.shape[1] == t.shape[3] == 1:
-            t = t.reshape(-1)
-        if t.dim() == 1 and t.shape[0] >= H:
-            return t[:H]
-        return t
+        return a_log_heads(t, H)
 
     if layout == "k3":
         stored = (max(H, head_dim),)
@@ -88,21 +93,22 @@ def a_log_slot(key: str, a_log: torch.Tensor, head_dim: int, layout: str) -> Wei
 
 
 def collect_slots(module: nn.Module, prefix: str = "", stored_dtype: torch.dtype | None = None,
-                  _seen: set[int] | None = None) -> list[WeightSlot]:
+                  _seen: set[int] | None = None, _claimed: frozenset[str] = frozenset()) -> list[WeightSlot]:
     """All checkpoint slots of ``module`` (recursively), keyed by checkpoint name. A tensor shared by two
-    modules (tied ``lm_head`` / ``embed_tokens``) is stored once, under the name met first."""
+    modules (tied ``lm_head`` / ``embed_tokens``) is stored once, under the name met first. A key a module's
+    ``checkpoint_slots`` returns is its own, also when it names a child's tensor (a sharded conv filter)."""
     seen = set() if _seen is None else _seen
     slots = list(module.checkpoint_slots(prefix)) if hasattr(module, "checkpoint_slots") else []
     if getattr(module, "slots_cover_all", False):
         return slots
-    claimed = {s.key for s in slots}
+    claimed = _claimed | {s.key for s in slots}
     for name, p in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
         if name in module._non_persistent_buffers_set or prefix + name in claimed or id(p) in seen:
             continue
         seen.add(id(p))
         slots.append(param_slot(prefix + name, p, stored_dtype))
     for name, child in module.named_children():
-        slots.extend(collect_slots(child, f"{prefix}{name}.", stored_dtype, seen))
+        slots.extend(collect_slots(child, f"{prefix}{name}.", stored_dtype, seen, claimed))
     return slots
 
 

@@ -15,20 +15,22 @@ from torch import nn
 
 from k3serve.core.config import ModelConfig, TextConfig
 from k3serve.core.context import ForwardContext
+from k3serve.core.distributed import SINGLE, Parallel
 from k3serve.layers.attn_res import AttnResState, AttnResWeights
 from k3serve.layers.decoder import DecoderLayer
 from k3serve.layers.moe import RoutedExperts
 from k3serve.layers.norm import KimiRMSNorm
+from k3serve.layers.parallel_linear import ColumnParallelLinear, VocabParallelEmbedding
 from k3serve.ops import registry
 
 
 class KimiModel(nn.Module):
-    def __init__(self, cfg: TextConfig, *, model_type: str, mxfp4_experts: bool):
+    def __init__(self, cfg: TextConfig, *, model_type: str, mxfp4_experts: bool, par: Parallel = SINGLE):
         super().__init__()
         d = cfg.hidden_size
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, model_type=model_type, mxfp4_experts=mxfp4_experts)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, d, par)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, model_type=model_type, mxfp4_experts=mxfp4_experts, par=par)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = KimiRMSNorm(d, cfg.rms_norm_eps)
         self.attn_res = cfg.attn_res_block_size is not None
@@ -52,10 +54,12 @@ class KimiModel(nn.Module):
 
 
 class KimiForCausalLM(nn.Module):
-    def __init__(self, cfg: TextConfig, *, model_type: str = "kimi_linear", mxfp4_experts: bool = False):
+    def __init__(self, cfg: TextConfig, *, model_type: str = "kimi_linear", mxfp4_experts: bool = False,
+                 par: Parallel = SINGLE):
         super().__init__()
-        self.model = KimiModel(cfg, model_type=model_type, mxfp4_experts=mxfp4_experts)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.model = KimiModel(cfg, model_type=model_type, mxfp4_experts=mxfp4_experts, par=par)
+        # vocab-parallel: each rank's logits for its vocabulary slice, gathered along the last dim
+        self.lm_head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, par, gather=True)
         self.tied = cfg.tie_word_embeddings
         self.tie_weights()
 
@@ -63,6 +67,7 @@ class KimiForCausalLM(nn.Module):
         """Share the embedding with the LM head when the config ties them (again after ``to_empty``)."""
         if self.tied:
             self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.tied_to = "embed_tokens"  # loaded (and written) through the embedding only
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,10 +78,10 @@ class KimiForCausalLM(nn.Module):
 
 
 class KimiK3ForConditionalGeneration(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, par: Parallel = SINGLE):
         super().__init__()
         self.language_model = KimiForCausalLM(config.text, model_type=config.model_type,
-                                              mxfp4_experts=config.experts_mxfp4)
+                                              mxfp4_experts=config.experts_mxfp4, par=par)
         self.placeholder_id = config.media_placeholder_token_id
         if config.vision is not None:
             from k3serve.layers.vision import MoonViT, PatchMergerProjector
@@ -107,11 +112,23 @@ class KimiK3ForConditionalGeneration(nn.Module):
         return self.language_model.compute_logits(hidden)
 
 
-def build_model(config: ModelConfig) -> nn.Module:
-    """The module tree for ``config`` (parameters uninitialised unless the caller initialises them)."""
+def check_layout(config: ModelConfig, par: Parallel) -> None:
+    """One clear ValueError when ``par``'s layout cannot split this model (before anything is built or read)."""
+    t = config.text
+    counts = dict(heads=t.num_attention_heads, kda_heads=t.linear_attn.num_heads, vocab=t.vocab_size,
+                  intermediate_size=t.intermediate_size)
+    if t.num_experts:
+        counts.update(moe_intermediate=t.moe_intermediate_size, experts=t.num_experts)
+    par.layout.check(**counts)
+
+
+def build_model(config: ModelConfig, par: Parallel = SINGLE) -> nn.Module:
+    """The module tree for ``config``, holding this rank's shard under ``par`` (parameters uninitialised
+    unless the caller initialises them). The layout is checked first."""
+    check_layout(config, par)
     if config.model_type == "kimi_k3":
-        return KimiK3ForConditionalGeneration(config)
-    return KimiForCausalLM(config.text, model_type=config.model_type, mxfp4_experts=config.experts_mxfp4)
+        return KimiK3ForConditionalGeneration(config, par)
+    return KimiForCausalLM(config.text, model_type=config.model_type, mxfp4_experts=config.experts_mxfp4, par=par)
 
 
 def text_model(model: nn.Module) -> KimiForCausalLM:
