@@ -1,0 +1,169 @@
+"""Expert-parallel MoE: each ep rank holds some experts; tokens travel to them and their outputs come back.
+
+With ``ep`` ranks (the tp group) every rank holds the same tokens x ``[N, d]`` (attention runs replicated or
+tensor-parallel before the MoE), so rank r takes its own contiguous chunk of ``n_r ≈ N / ep`` tokens:
+  weights, ids = router(x_r)                        ``[n_r, k]`` (router replicated on every rank)
+  u = W_down x_r                                    ``[n_r, ℓ]`` (LatentMoE: the exchange is ℓ wide, not d)
+  dispatch: assignment (t, j) -> a replica of expert ids[t, j] = (rank, local slot) (``eplb.Placement``);
+      rows sorted by destination rank, all_to_all                     each rank receives ``[m, ℓ]`` + slot ids
+  LocalExperts: y = expert_slot(row) for every received row, through the ops/moe backends (k = 1, weight 1)
+  combine: all_to_all back, then Σ_j w_tj · y_tj in slot order, fp32 ``[n_r, ℓ]`` (the single-process sum)
+  RMSNorm_ℓ, then all-gather the chunks (also ℓ wide) -> ``[N, ℓ]``, W_up and the shared experts replicated.
+With one rank this is the single-process ``SparseMoE`` computation step for step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from k3serve.core.config import TextConfig
+from k3serve.core.distributed import Parallel, all_gather_rows, all_to_all, exchange_counts
+from k3serve.layers.eplb import ExpertLoad, Placement, block_placement, split_counts
+from k3serve.layers.moe import GatedMLP, MoEGate, RoutedExperts, SparseMoE
+from k3serve.layers.norm import KimiRMSNorm
+from k3serve.layers.weights import WeightSlot, foreign_slot
+
+_EXPERT_TENSORS = ("experts.w13", "experts.w2", "experts.w13_packed", "experts.w13_scale", "experts.w2_packed",
+                   "experts.w2_scale")
+
+
+class LocalExperts(RoutedExperts):
+    """This rank's expert slots: slot i holds logical expert ``experts[i]`` (a hot expert may sit in several
+    ranks' slots). Checkpoint keys are the logical ones; the other experts' keys load as foreign slots."""
+
+    def __init__(self, cfg: TextConfig, mxfp4: bool, experts: tuple[int, ...]):
+        super().__init__(cfg, mxfp4, num_experts=len(experts))
+        self.global_ids, self.total_experts = experts, cfg.num_experts
+
+    def checkpoint_slots(self, prefix: str) -> list[WeightSlot]:
+        slots = []
+        for e in range(self.total_experts):
+            p = f"{prefix}{e}."
+            mine = [i for i, g in enumerate(self.global_ids) if g == e]
+            if not mine:
+                slots += [foreign_slot(s.key, s) for s in self.expert_slots(0, p)]
+                continue
+            copies = [self.expert_slots(i, p) for i in mine]
+            slots += [_fan_out(group) for group in zip(*copies)]
+        return slots
+
+
+def _fan_out(group: tuple[WeightSlot, ...]) -> WeightSlot:
+    """One checkpoint tensor loaded into every local slot that replicates its expert."""
+    if len(group) == 1:
+        return group[0]
+
+    def load(t: torch.Tensor) -> None:
+        for s in group:
+            s.load(t)
+
+    return WeightSlot(group[0].key, group[0].shape, group[0].dtype, load, group[0].dump)
+
+
+def ep_state_dict(full: dict[str, torch.Tensor], placement: Placement, rank: int) -> dict[str, torch.Tensor]:
+    """A single-process ``SparseMoE`` state dict cut to what ``EPSparseMoE`` on ``rank`` holds: the routed
+    expert tensors ``[E, ...]`` keep this rank's slots (``[slots, ...]``), everything else is replicated."""
+    slots = torch.tensor(placement.experts_of_rank[rank])
+    return {k: (v.index_select(0, slots) if k.endswith(_EXPERT_TENSORS) else v) for k, v in full.items()}
+
+
+class EPSparseMoE(nn.Module):
+    """``SparseMoE`` with its routed experts spread over the ep ranks (same checkpoint keys, see the module
+    docstring). ``placement`` defaults to contiguous blocks of E / ep experts."""
+
+    def __init__(self, cfg: TextConfig, mxfp4: bool, par: Parallel, placement: Placement | None = None):
+        super().__init__()
+        d = cfg.hidden_size
+        self.par = par
+        self.placement = placement or block_placement(cfg.num_experts, par.ep)
+        if self.placement.num_ranks != par.ep or self.placement.num_experts != cfg.num_experts:
+            raise ValueError(f"placement is for {self.placement.num_experts} experts on {self.placement.num_ranks} "
+                             f"ranks, the layer has {cfg.num_experts} experts on {par.ep} ep ranks")
+        self.gate = MoEGate(d, cfg)
+        self.experts = LocalExperts(cfg, mxfp4, self.placement.experts_of_rank[par.ep_rank])
+        self.latent = cfg.routed_expert_hidden_size is not None
+        if self.latent:
+            lat = cfg.routed_expert_hidden_size
+            self.routed_expert_down_proj = nn.Linear(d, lat, bias=False)
+            self.routed_expert_up_proj = nn.Linear(lat, d, bias=False)
+            self.routed_expert_norm = KimiRMSNorm(lat, cfg.rms_norm_eps) if cfg.latent_moe_use_norm else None
+        self.shared_experts = (GatedMLP(d, cfg.moe_intermediate_size * cfg.num_shared_experts, cfg)
+                               if cfg.num_shared_experts else None)
+        self.expert_load = ExpertLoad(cfg.num_experts)  # EPLB statistics: this rank's routed tokens
+        self.traffic = {"dispatch_bytes": 0, "combine_bytes": 0, "tokens": 0}  # bytes sent to other ranks
+        self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def _replica_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(replica count ``[E]``, rank ``[E, max_rep]``, local slot ``[E, max_rep]``); built lazily because the
+        module may be built on the meta device."""
+        if device not in self._tables:
+            reps = self.placement.replicas
+            width = max(len(r) for r in reps)
+            ranks = [[r for r, _ in rep] + [0] * (width - len(rep)) for rep in reps]
+            slots = [[s for _, s in rep] + [0] * (width - len(rep)) for rep in reps]
+            self._tables[device] = (torch.tensor([len(r) for r in reps], device=device),
+                                    torch.tensor(ranks, device=device), torch.tensor(slots, device=device))
+        return self._tables[device]
+
+    def _destinations(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each assignment's (ep rank, local slot). An expert with n replicas sends its i-th assignment here to
+        replica (i + rank) mod n: even to within one row per source rank, and the source ranks' leftovers go
+        to different replicas."""
+        num_rep, rep_rank, rep_slot = self._replica_tables(flat.device)
+        if int(num_rep.max()) == 1:
+            return rep_rank[:, 0].index_select(0, flat), rep_slot[:, 0].index_select(0, flat)
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=num_rep.numel())
+        run_start = (counts.cumsum(0) - counts).index_select(0, flat.index_select(0, order))
+        occurrence = torch.empty_like(flat).index_copy_(0, order, torch.arange(flat.numel(), device=flat.device)
+                                                        - run_start)
+        rep = (occurrence + self.par.ep_rank) % num_rep.index_select(0, flat)
+        return rep_rank[flat, rep], rep_slot[flat, rep]
+
+    def dispatch_combine(self, u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """u ``[n, D]`` (D = ℓ for LatentMoE), weights / ids ``[n, k]`` -> ``Σ_k w_k · expert(u)`` ``[n, D]`` fp32,
+        each expert evaluated on the rank holding it."""
+        par, (n, k), D = self.par, ids.shape, u.shape[1]
+        flat = ids.reshape(-1)
+        dest_rank, dest_slot = self._destinations(flat)
+        order = dest_rank.argsort(stable=True)
+        send = torch.bincount(dest_rank, minlength=par.ep).tolist()
+        recv = exchange_counts(send, par)
+        rows = all_to_all(u.index_select(0, order.div(k, rounding_mode="floor")), send, recv, par)
+        slot = all_to_all(dest_slot.index_select(0, order), send, recv, par)
+        if rows.shape[0]:
+            y = self.experts(rows, rows.new_ones(rows.shape[0], 1, dtype=torch.float32), slot[:, None])
+        else:
+            y = rows.new_zeros(0, D, dtype=torch.float32)
+        # expert outputs are u.dtype values (each backend casts its GEMM results back), so this cast is exact
+        back = all_to_all(y.to(u.dtype), recv, send, par)
+        off_rank = sum(send) - send[par.ep_rank]
+        self.traffic["dispatch_bytes"] += off_rank * (D * u.element_size() + slot.element_size())
+        self.traffic["combine_bytes"] += (sum(recv) - recv[par.ep_rank]) * D * u.element_size()
+        self.traffic["tokens"] += n
+        picked = torch.empty(n * k, D, dtype=torch.float32, device=u.device).index_copy_(0, order, back.float())
+        picked.mul_(weights.reshape(-1, 1).float())
+        return picked.view(n, k, D).sum(1)  # slots summed in order, as the single-process combine does
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        counts = split_counts(x.shape[0], self.par.ep)
+        start = sum(counts[:self.par.ep_rank])
+        mine = x[start:start + counts[self.par.ep_rank]]
+        weights, ids = self.gate(mine)
+        self.expert_load.add(ids)
+        u = self.routed_expert_down_proj(mine) if self.latent else mine
+        y = self.dispatch_combine(u, weights, ids).to(x.dtype)
+        if self.latent and self.routed_expert_norm is not None:
+            y = self.routed_expert_norm(y)
+        y = all_gather_rows(y, counts, self.par)
+        if self.latent:
+            y = self.routed_expert_up_proj(y)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y
+
+
+def make_moe(cfg: TextConfig, mxfp4: bool, par: Parallel) -> nn.Module:
+    """The MoE layer for this process: experts spread over the ep ranks when ep > 1, else all of them here."""
+    return EPSparseMoE(cfg, mxfp4, par) if par.ep > 1 else SparseMoE(cfg, mxfp4)
