@@ -14,16 +14,19 @@ from torch import nn
 
 from k3serve.core.config import TextConfig
 from k3serve.core.context import ForwardContext
+from k3serve.core.distributed import SINGLE, Parallel
 from k3serve.layers.attn_res import AttnResState, AttnResWeights
 from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.mla import MLAttention
-from k3serve.layers.moe import GatedMLP, SparseMoE
+from k3serve.layers.moe import GatedMLP
+from k3serve.layers.moe_ep import make_moe
 from k3serve.layers.norm import KimiRMSNorm
 from k3serve.ops import registry
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TextConfig, layer_idx: int, *, model_type: str, mxfp4_experts: bool):
+    def __init__(self, cfg: TextConfig, layer_idx: int, *, model_type: str, mxfp4_experts: bool,
+                 par: Parallel = SINGLE):
         super().__init__()
         d = cfg.hidden_size
         self.layer_idx, self.eps = layer_idx, cfg.rms_norm_eps
@@ -32,7 +35,7 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = MLAttention(cfg, layer_idx)
         if cfg.is_moe_layer(layer_idx):
-            self.block_sparse_moe = SparseMoE(cfg, mxfp4_experts)
+            self.block_sparse_moe = make_moe(cfg, mxfp4_experts, par)
         else:
             self.mlp = GatedMLP(d, cfg.intermediate_size, cfg)
         self.input_layernorm = KimiRMSNorm(d, cfg.rms_norm_eps)

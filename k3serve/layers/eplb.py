@@ -133,7 +133,7 @@ class ExpertLoad:
     """Tokens routed to each expert, accumulated from router choices (``ids`` ``[N, k]``)."""
 
     def __init__(self, num_experts: int):
-        self.counts = torch.zeros(num_experts, dtype=torch.int64)
+        self.counts = torch.zeros(num_experts, dtype=torch.int64, device="cpu")  # not on meta when built there
 
     def add(self, ids: torch.Tensor) -> None:
         self.counts += torch.bincount(ids.reshape(-1).cpu(), minlength=self.counts.numel())

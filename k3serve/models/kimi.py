@@ -15,6 +15,7 @@ from torch import nn
 
 from k3serve.core.config import ModelConfig, TextConfig
 from k3serve.core.context import ForwardContext
+from k3serve.core.distributed import SINGLE, Parallel
 from k3serve.layers.attn_res import AttnResState, AttnResWeights
 from k3serve.layers.decoder import DecoderLayer
 from k3serve.layers.moe import RoutedExperts
@@ -23,13 +24,13 @@ from k3serve.ops import registry
 
 
 class KimiModel(nn.Module):
-    def __init__(self, cfg: TextConfig, *, model_type: str, mxfp4_experts: bool):
+    def __init__(self, cfg: TextConfig, *, model_type: str, mxfp4_experts: bool, par: Parallel = SINGLE):
         super().__init__()
         d = cfg.hidden_size
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, model_type=model_type, mxfp4_experts=mxfp4_experts)
-                                    for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, model_type=model_type, mxfp4_experts=mxfp4_experts,
+                                                 par=par) for i in range(cfg.num_hidden_layers))
         self.norm = KimiRMSNorm(d, cfg.rms_norm_eps)
         self.attn_res = cfg.attn_res_block_size is not None
         if self.attn_res:
@@ -52,9 +53,10 @@ class KimiModel(nn.Module):
 
 
 class KimiForCausalLM(nn.Module):
-    def __init__(self, cfg: TextConfig, *, model_type: str = "kimi_linear", mxfp4_experts: bool = False):
+    def __init__(self, cfg: TextConfig, *, model_type: str = "kimi_linear", mxfp4_experts: bool = False,
+                 par: Parallel = SINGLE):
         super().__init__()
-        self.model = KimiModel(cfg, model_type=model_type, mxfp4_experts=mxfp4_experts)
+        self.model = KimiModel(cfg, model_type=model_type, mxfp4_experts=mxfp4_experts, par=par)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tied = cfg.tie_word_embeddings
         self.tie_weights()
@@ -73,10 +75,10 @@ class KimiForCausalLM(nn.Module):
 
 
 class KimiK3ForConditionalGeneration(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, par: Parallel = SINGLE):
         super().__init__()
         self.language_model = KimiForCausalLM(config.text, model_type=config.model_type,
-                                              mxfp4_experts=config.experts_mxfp4)
+                                              mxfp4_experts=config.experts_mxfp4, par=par)
         self.placeholder_id = config.media_placeholder_token_id
         if config.vision is not None:
             from k3serve.layers.vision import MoonViT, PatchMergerProjector
@@ -107,11 +109,12 @@ class KimiK3ForConditionalGeneration(nn.Module):
         return self.language_model.compute_logits(hidden)
 
 
-def build_model(config: ModelConfig) -> nn.Module:
-    """The module tree for ``config`` (parameters uninitialised unless the caller initialises them)."""
+def build_model(config: ModelConfig, par: Parallel = SINGLE) -> nn.Module:
+    """The module tree for ``config`` (parameters uninitialised unless the caller initialises them), this
+    process's part of it under ``par`` (with ep > 1 the MoE layers hold only this rank's experts)."""
     if config.model_type == "kimi_k3":
-        return KimiK3ForConditionalGeneration(config)
-    return KimiForCausalLM(config.text, model_type=config.model_type, mxfp4_experts=config.experts_mxfp4)
+        return KimiK3ForConditionalGeneration(config, par)
+    return KimiForCausalLM(config.text, model_type=config.model_type, mxfp4_experts=config.experts_mxfp4, par=par)
 
 
 def text_model(model: nn.Module) -> KimiForCausalLM:

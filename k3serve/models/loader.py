@@ -20,6 +20,7 @@ from torch import nn
 from tqdm import tqdm
 
 from k3serve.core.config import ModelConfig
+from k3serve.core.distributed import SINGLE, Parallel
 from k3serve.layers.weights import CheckpointError, WeightSlot, collect_slots
 from k3serve.models.kimi import build_model, text_model
 
@@ -63,11 +64,12 @@ def _canonical(key: str) -> str:
     return key
 
 
-def materialize(config: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
+def materialize(config: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu",
+                par: Parallel = SINGLE) -> nn.Module:
     """Build the model without initialising it, straight on ``device``; floating tensors in ``dtype`` except
     those kept F32. The checkpoint is then copied into these tensors: no CPU copy of the model on the way."""
     with torch.device("meta"):
-        model = build_model(config)
+        model = build_model(config, par)
     fp32 = {n for n, p in model.named_parameters() if getattr(p, "keep_fp32", False)}
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if name not in fp32 and t.dtype.is_floating_point:
@@ -116,7 +118,8 @@ def load_weights(model: nn.Module, path: Path, *, progress: bool = True) -> None
 
 
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, progress: bool = True,
-               act_quant: str | None = None, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelConfig]:
+               act_quant: str | None = None, device: torch.device | str = "cpu",
+               par: Parallel = SINGLE) -> tuple[nn.Module, ModelConfig]:
     """Load a model from a checkpoint directory or a built-in name such as ``k3-tiny-random``, onto ``device``
     (each tensor is copied there from the memory-mapped file; on ``meta`` the copies are no-ops)."""
     from k3serve.models.registry import resolve_model_path
@@ -124,7 +127,7 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, progress
 
     path = resolve_model_path(path)
     config = ModelConfig.from_file(path)
-    model = materialize(config, dtype, device)
+    model = materialize(config, dtype, device, par)
     load_weights(model, path, progress=progress)
     set_expert_act_quant(model, act_quant)
     return model, config

@@ -104,3 +104,20 @@ def moe_cases(rank: int, world: int, port: int, out_dir: str, names: list[str]) 
                          "dispatch_bytes": ep.traffic["dispatch_bytes"]}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
+
+
+PROMPTS = [[5, 17, 300, 42, 7, 901, 64], [1000, 3, 3, 3, 512, 77, 12, 1500, 8, 9, 10, 2000]]
+
+
+def greedy_case(rank: int, world: int, port: int, ckpt: str, out_dir: str, new_tokens: int) -> None:
+    """Load the full checkpoint as this rank's part (its experts only) and decode greedily."""
+    from k3serve.models.generate import SimpleRunner, greedy_generate
+    from k3serve.models.loader import load_model
+
+    par = join(rank, world, port, ParallelLayout(tp=world, ep=world))
+    model, _ = load_model(ckpt, progress=False, par=par)
+    tokens = greedy_generate(model, PROMPTS, new_tokens)
+    logits = SimpleRunner(model, max_seqs=2, max_len=32).step(dict(enumerate(PROMPTS)))
+    held = sorted({len(m.global_ids) for m in model.modules() if hasattr(m, "global_ids")})
+    torch.save({"tokens": tokens, "logits": logits, "experts_held": held}, Path(out_dir, f"greedy{rank}.pt"))
+    dist.destroy_process_group()
