@@ -91,7 +91,9 @@ class EPSparseMoE(nn.Module):
         self.shared_experts = (GatedMLP(d, cfg.moe_intermediate_size * cfg.num_shared_experts, cfg)
                                if cfg.num_shared_experts else None)
         self.expert_load = ExpertLoad(cfg.num_experts)  # EPLB statistics: this rank's routed tokens
-        self.traffic = {"dispatch_bytes": 0, "combine_bytes": 0, "tokens": 0}  # bytes sent to other ranks
+        # bytes this rank received from other ranks (dispatch: rows + slot ids; combine: expert outputs;
+        # gather: the other ranks' normalised chunks), and the tokens it routed
+        self.traffic = {"dispatch_bytes": 0, "combine_bytes": 0, "gather_bytes": 0, "tokens": 0}
         self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def _replica_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -131,16 +133,16 @@ class EPSparseMoE(nn.Module):
         send = torch.bincount(dest_rank, minlength=par.ep).tolist()
         recv = exchange_counts(send, par)
         rows = all_to_all(u.index_select(0, order.div(k, rounding_mode="floor")), send, recv, par)
-        slot = all_to_all(dest_slot.index_select(0, order), send, recv, par)
+        slot = all_to_all(dest_slot.index_select(0, order).int(), send, recv, par)  # int32: half the id bytes
         if rows.shape[0]:
-            y = self.experts(rows, rows.new_ones(rows.shape[0], 1, dtype=torch.float32), slot[:, None])
+            y = self.experts(rows, rows.new_ones(rows.shape[0], 1, dtype=torch.float32), slot.long()[:, None])
         else:
             y = rows.new_zeros(0, D, dtype=torch.float32)
         # expert outputs are u.dtype values (each backend casts its GEMM results back), so this cast is exact
         back = all_to_all(y.to(u.dtype), recv, send, par)
-        off_rank = sum(send) - send[par.ep_rank]
-        self.traffic["dispatch_bytes"] += off_rank * (D * u.element_size() + slot.element_size())
-        self.traffic["combine_bytes"] += (sum(recv) - recv[par.ep_rank]) * D * u.element_size()
+        row_bytes = D * u.element_size()
+        self.traffic["dispatch_bytes"] += (sum(recv) - recv[par.ep_rank]) * (row_bytes + slot.element_size())
+        self.traffic["combine_bytes"] += (sum(send) - send[par.ep_rank]) * row_bytes
         self.traffic["tokens"] += n
         picked = torch.empty(n * k, D, dtype=torch.float32, device=u.device).index_copy_(0, order, back.float())
         picked.mul_(weights.reshape(-1, 1).float())
@@ -156,6 +158,7 @@ class EPSparseMoE(nn.Module):
         y = self.dispatch_combine(u, weights, ids).to(x.dtype)
         if self.latent and self.routed_expert_norm is not None:
             y = self.routed_expert_norm(y)
+        self.traffic["gather_bytes"] += (x.shape[0] - y.shape[0]) * y.shape[1] * y.element_size()
         y = all_gather_rows(y, counts, self.par)
         if self.latent:
             y = self.routed_expert_up_proj(y)
