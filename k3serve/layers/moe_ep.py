@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from k3serve.core.config import TextConfig
-from k3serve.core.distributed import Parallel, all_gather_rows, all_to_all, exchange_counts
-from k3serve.layers.eplb import ExpertLoad, Placement, block_placement, split_counts
+from k3serve.core.distributed import Parallel, all_gather_rows, all_reduce, all_to_all, exchange_counts
+from k3serve.layers.eplb import ExpertLoad, Placement, block_placement, plan_placement, split_counts
 from k3serve.layers.moe import GatedMLP, MoEGate, RoutedExperts, SparseMoE
 from k3serve.layers.norm import KimiRMSNorm
 from k3serve.layers.weights import WeightSlot, foreign_slot
@@ -47,6 +47,12 @@ class LocalExperts(RoutedExperts):
             copies = [self.expert_slots(i, p) for i in mine]
             slots += [_fan_out(group) for group in zip(*copies)]
         return slots
+
+    def expert_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by expert slot (``[slots, ...]``)."""
+        if self.mxfp4:
+            return [self.w13_packed, self.w13_scale, self.w2_packed, self.w2_scale]
+        return [self.w13, self.w2]
 
 
 def _fan_out(group: tuple[WeightSlot, ...]) -> WeightSlot:
@@ -147,6 +153,31 @@ class EPSparseMoE(nn.Module):
         picked = torch.empty(n * k, D, dtype=torch.float32, device=u.device).index_copy_(0, order, back.float())
         picked.mul_(weights.reshape(-1, 1).float())
         return picked.view(n, k, D).sum(1)  # slots summed in order, as the single-process combine does
+
+    @torch.no_grad()
+    def rebalance(self, redundant: int) -> Placement:
+        """Re-place the experts by the router statistics gathered since the last call (summed over the ep
+        ranks) with ``redundant`` extra replicas for the hottest ones (``eplb.plan_placement``), and move the
+        expert weights into their new slots with one all_to_all per expert tensor, each copied from the first
+        rank that holds it now. Every ep rank must call this at the same point."""
+        par, old = self.par, self.placement
+        load = all_reduce(self.expert_load.counts.clone(), par).tolist()
+        new = plan_placement(load, par.ep, redundant)
+        src = [reps[0] for reps in old.replicas]  # (rank, slot) each expert is copied from
+        mine = new.experts_of_rank[par.ep_rank]
+        send_slots = [[src[e][1] for e in new.experts_of_rank[r] if src[e][0] == par.ep_rank] for r in range(par.ep)]
+        recv_into = [[j for j, e in enumerate(mine) if src[e][0] == s] for s in range(par.ep)]
+        send, recv = [len(x) for x in send_slots], [len(x) for x in recv_into]
+        for t in self.experts.expert_tensors():
+            take = torch.tensor([i for x in send_slots for i in x], dtype=torch.long, device=t.device)
+            into = torch.tensor([j for x in recv_into for j in x], dtype=torch.long, device=t.device)
+            rows = all_to_all(t.index_select(0, take), send, recv, par)
+            t.data = t.new_empty((len(mine), *t.shape[1:])).index_copy_(0, into, rows)
+        self.experts.global_ids, self.experts.num_experts = mine, len(mine)
+        self.placement = new
+        self._tables.clear()
+        self.expert_load.reset()
+        return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         counts = split_counts(x.shape[0], self.par.ep)

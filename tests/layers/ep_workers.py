@@ -73,7 +73,10 @@ CASES = {
     "hot-replicated": ({}, False, torch.float32, 40, 5, 1),
     "three-tokens": ({}, False, torch.float32, 3, None, 0),
     "one-token": ({}, True, torch.float32, 1, None, 0),
+    # starts on contiguous blocks, then re-places from the router statistics of its first forward
+    "hot-rebalanced": ({}, True, torch.float32, 40, 7, 1),
 }
+REBALANCE = {"hot-rebalanced"}
 
 
 def moe_cases(rank: int, world: int, port: int, out_dir: str, names: list[str]) -> None:
@@ -85,7 +88,7 @@ def moe_cases(rank: int, world: int, port: int, out_dir: str, names: list[str]) 
         ref = reference_moe(cfg, mxfp4, dtype, seed=i, hot=hot)
         x = torch.randn(n, cfg.hidden_size, generator=torch.Generator().manual_seed(100 + i)).to(dtype)
         placement = None
-        if redundant:  # plan from the load the router produces on this batch
+        if redundant and name not in REBALANCE:  # plan from the load the router produces on this batch
             with torch.no_grad():
                 _, ids = ref.gate(x)
             load = torch.bincount(ids.reshape(-1), minlength=cfg.num_experts).tolist()
@@ -94,10 +97,16 @@ def moe_cases(rank: int, world: int, port: int, out_dir: str, names: list[str]) 
         ep.load_state_dict(ep_state_dict(ref.state_dict(), ep.placement, par.ep_rank))
         with torch.inference_mode():
             want, got = ref(x), ep(x)
-            # the EP ranks that served this rank's share of the hot expert's assignments
+        if name in REBALANCE:
+            assert torch.equal(got, want)
+            ep.rebalance(redundant * world)
+            with torch.inference_mode():
+                got = ep(x)
+        # the EP ranks that served this rank's share of the hot expert's assignments
+        with torch.no_grad():
             _, mine = ep.gate(x[sum(split_counts(n, world)[:rank]):][:split_counts(n, world)[rank]])
-            flat = mine.reshape(-1)
-            served = sorted(set(ep._destinations(flat)[0][flat == hot].tolist())) if hot is not None else []
+        flat = mine.reshape(-1)
+        served = sorted(set(ep._destinations(flat)[0][flat == hot].tolist())) if hot is not None else []
         results[name] = {"equal": bool(torch.equal(got, want)), "hot_served_by": served,
                          "max_abs": float((got.float() - want.float()).abs().max()) if n else 0.0,
                          "replicas_of_hot": len(ep.placement.replicas[hot]) if hot is not None else 0,

@@ -51,5 +51,5 @@ def test_ep2_matches_single_process(tmp_path):
 
 @pytest.mark.slow  # ~45 s on a shared 2-core machine: four spawned ranks
 def test_ep4_matches_single_process(tmp_path):
-    names = ["latent-fp32", "latent-mxfp4", "hot-replicated", "three-tokens"]
+    names = ["latent-fp32", "latent-mxfp4", "hot-replicated", "three-tokens", "hot-rebalanced"]
     _check(_run(4, names, tmp_path), names, 4)
