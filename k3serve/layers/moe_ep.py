@@ -5,7 +5,7 @@ tensor-parallel before the MoE), so rank r takes its own contiguous chunk of ``n
   weights, ids = router(x_r)                        ``[n_r, k]`` (router replicated on every rank)
   u = W_down x_r                                    ``[n_r, ℓ]`` (LatentMoE: the exchange is ℓ wide, not d)
   dispatch: assignment (t, j) -> a replica of expert ids[t, j] = (rank, local slot) (``eplb.Placement``);
-      rows sorted by destination rank, all_to_all                     each rank receives ``[m, ℓ]`` + slot ids
+      each token's row once per destination rank, all_to_all    each rank receives ``[m, ℓ]`` + (row, slot) ids
   LocalExperts: y = expert_slot(row) for every received row, through the ops/moe backends (k = 1, weight 1)
   combine: all_to_all back, then Σ_j w_tj · y_tj in slot order, fp32 ``[n_r, ℓ]`` (the single-process sum)
   RMSNorm_ℓ, then all-gather the chunks (also ℓ wide) -> ``[N, ℓ]``, W_up and the shared experts replicated.
@@ -131,24 +131,35 @@ class EPSparseMoE(nn.Module):
 
     def dispatch_combine(self, u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """u ``[n, D]`` (D = ℓ for LatentMoE), weights / ids ``[n, k]`` -> ``Σ_k w_k · expert(u)`` ``[n, D]`` fp32,
-        each expert evaluated on the rank holding it."""
+        each expert evaluated on the rank holding it. A token goes once to each rank that holds any of its
+        experts (with one int32 (row, slot) pair per assignment); results come back one row per assignment."""
         par, (n, k), D = self.par, ids.shape, u.shape[1]
-        flat = ids.reshape(-1)
-        dest_rank, dest_slot = self._destinations(flat)
-        order = dest_rank.argsort(stable=True)
+        dest_rank, dest_slot = self._destinations(ids.reshape(-1))
+        token = torch.arange(n * k, device=u.device).div(k, rounding_mode="floor")
+        # assignments by (rank, token), slots in order inside: a token's assignments to one rank are adjacent
+        order = (dest_rank * n + token).argsort(stable=True)
+        rank_sorted, token_sorted = dest_rank.index_select(0, order), token.index_select(0, order)
+        first = torch.ones_like(order, dtype=torch.bool)
+        first[1:] = (rank_sorted[1:] != rank_sorted[:-1]) | (token_sorted[1:] != token_sorted[:-1])
+        send_rows = torch.bincount(rank_sorted[first], minlength=par.ep)
+        row = first.cumsum(0) - 1 - (send_rows.cumsum(0) - send_rows).index_select(0, rank_sorted)
         send = torch.bincount(dest_rank, minlength=par.ep).tolist()
-        recv = exchange_counts(send, par)
-        rows = all_to_all(u.index_select(0, order.div(k, rounding_mode="floor")), send, recv, par)
-        slot = all_to_all(dest_slot.index_select(0, order).int(), send, recv, par)  # int32: half the id bytes
-        if rows.shape[0]:
-            y = self.experts(rows, rows.new_ones(rows.shape[0], 1, dtype=torch.float32), slot.long()[:, None])
+        recv, recv_rows = exchange_counts(send, par), exchange_counts(send_rows.tolist(), par)
+        rows = all_to_all(u.index_select(0, token_sorted[first]), send_rows.tolist(), recv_rows, par)
+        meta = all_to_all(torch.stack([row, dest_slot.index_select(0, order)], 1).int(), send, recv, par)
+        if meta.shape[0]:
+            # row index within the source's block -> within ``rows`` (sources' blocks in rank order)
+            starts = torch.tensor(recv_rows, device=u.device).cumsum(0) - torch.tensor(recv_rows, device=u.device)
+            src = torch.repeat_interleave(torch.arange(par.ep, device=u.device), torch.tensor(recv, device=u.device))
+            x = rows.index_select(0, meta[:, 0].long() + starts.index_select(0, src))
+            y = self.experts(x, x.new_ones(x.shape[0], 1, dtype=torch.float32), meta[:, 1:].long())
         else:
             y = rows.new_zeros(0, D, dtype=torch.float32)
         # expert outputs are u.dtype values (each backend casts its GEMM results back), so this cast is exact
         back = all_to_all(y.to(u.dtype), recv, send, par)
-        row_bytes = D * u.element_size()
-        self.traffic["dispatch_bytes"] += (sum(recv) - recv[par.ep_rank]) * (row_bytes + slot.element_size())
-        self.traffic["combine_bytes"] += (sum(send) - send[par.ep_rank]) * row_bytes
+        row_bytes, me = D * u.element_size(), par.ep_rank
+        self.traffic["dispatch_bytes"] += (sum(recv_rows) - recv_rows[me]) * row_bytes + (sum(recv) - recv[me]) * 8
+        self.traffic["combine_bytes"] += (sum(send) - send[me]) * row_bytes
         self.traffic["tokens"] += n
         picked = torch.empty(n * k, D, dtype=torch.float32, device=u.device).index_copy_(0, order, back.float())
         picked.mul_(weights.reshape(-1, 1).float())
