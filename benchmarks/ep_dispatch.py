@@ -8,8 +8,9 @@ processes on 127.0.0.1, every rank holding the same ``--tokens`` tokens (as afte
 Bytes are what the layer's counters saw cross between processes (dispatch rows + slot ids, combine rows, the
 all-gather of the normalised latent chunks), summed over ranks and divided by the tokens; the "hidden" row
 is the same layer with its experts at the hidden width (no down-projection), so every exchange is d wide.
-The K3 lines apply the same accounting to ``kimi-k3``'s config at EP8 under uniform routing: per MoE layer
-and token, dispatch k·(R-1)/R rows (+ a 4-byte slot id each), combine the same rows back, gather R-1 rows.
+"modeled" is ``modeled_bytes`` (uniform routing) for the same layer; the K3 line applies it to ``kimi-k3``'s
+config at EP8: per MoE layer and token, each token's row once to each other rank holding one of its experts
+(+ 8 bytes of ids per off-rank assignment), k·(R-1)/R rows back, R-1 rows of the gather.
 Tokens/s: ``--tokens`` / the slowest rank's median forward time. On a shared CPU box the absolute numbers
 are noisy and more processes than cores oversubscribe; the byte counts are exact.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import socket
 import statistics
@@ -94,16 +96,28 @@ def summarise(results: list[dict], tokens: int) -> dict:
     return row
 
 
-def k3_model_bytes(ranks: int) -> dict:
+def modeled_bytes(width: int, elem: int, k: int, experts: int, ranks: int) -> dict:
+    """Bytes per token and MoE layer under uniform routing: dispatch sends a token's row once to each other
+    rank holding one of its k experts (a rank holds none with probability C(E - E/R, k) / C(E, k)) plus
+    8 bytes of ids per off-rank assignment; combine returns k·(R-1)/R rows; the gather sends R-1 rows."""
+    row, off = width * elem, (ranks - 1) / ranks
+    misses = math.comb(experts - experts // ranks, k) / math.comb(experts, k)
+    out = {"dispatch_bytes": (ranks - 1) * (1 - misses) * row + k * off * 8, "combine_bytes": k * off * row,
+           "gather_bytes": (ranks - 1) * row}
+    return {**out, "total": sum(out.values())}
+
+
+def k3_line(ranks: int = 8) -> str:
     t = ModelConfig.from_file(packaged_config("kimi-k3")).text
-    moe_layers = sum(t.is_moe_layer(i) for i in range(t.num_hidden_layers))
-    k, off = t.num_experts_per_token, (ranks - 1) / ranks
-    out = {"moe_layers": moe_layers, "k": k, "d": t.hidden_size, "ell": t.routed_expert_hidden_size}
-    for name, width in (("latent", t.routed_expert_hidden_size), ("hidden", t.hidden_size)):
-        row = width * 2  # bfloat16 activations
-        per_layer = k * off * (row + 4) + k * off * row + (ranks - 1) * row
-        out[name] = {"per_layer": per_layer, "per_token_all_layers": per_layer * moe_layers}
-    return out
+    layers = sum(t.is_moe_layer(i) for i in range(t.num_hidden_layers))
+    k, E = t.num_experts_per_token, t.num_experts
+    lat = modeled_bytes(t.routed_expert_hidden_size, 2, k, E, ranks)
+    hid = modeled_bytes(t.hidden_size, 2, k, E, ranks)
+    parts = ", ".join(f"{n} {lat[n + '_bytes'] / 1e3:.1f}" for n in ("dispatch", "combine", "gather"))
+    return (f"K3 at EP{ranks} (d={t.hidden_size}, latent={t.routed_expert_hidden_size}, E={E}, k={k}, {layers} MoE "
+            f"layers, bf16, uniform routing): latent {lat['total'] / 1e3:.1f} kB/token/layer ({parts}) = "
+            f"{lat['total'] * layers / 1e6:.2f} MB/token; hidden {hid['total'] / 1e3:.1f} kB/token/layer = "
+            f"{hid['total'] * layers / 1e6:.2f} MB/token; hidden/latent {hid['total'] / lat['total']:.2f}")
 
 
 def main() -> None:
@@ -140,21 +154,18 @@ def main() -> None:
             rows[world] = summarise(results, args.tokens)
     print(f"layer: d={args.hidden} latent={args.latent} I={args.inter} E={args.experts} k={args.topk} "
           f"{args.dtype}, {args.tokens} tokens, {args.threads} thread(s) per process")
-    print("procs | width  | dispatch B/tok | combine B/tok | gather B/tok | total B/tok | hidden/latent | MoE tok/s")
+    elem = DTYPES[args.dtype].itemsize
+    print("procs | width  | dispatch B/tok | combine B/tok | gather B/tok | total B/tok | modeled B/tok "
+          "| hidden/latent | MoE tok/s")
     for world, row in rows.items():
         for name in ("latent", "hidden"):
             r = row[name]
-            ratio = row["hidden"]["total"] / row["latent"]["total"] if row["latent"]["total"] else float("nan")
+            width = args.latent if name == "latent" else args.hidden
+            model = modeled_bytes(width, elem, args.topk, args.experts, world)["total"] if world > 1 else 0
+            ratio = row["hidden"]["total"] / row["latent"]["total"] if name == "hidden" and world > 1 else 1.0
             print(f"{world:5d} | {name:6s} | {r['dispatch_bytes']:14.0f} | {r['combine_bytes']:13.0f} | "
-                  f"{r['gather_bytes']:12.0f} | {r['total']:11.0f} | {ratio if name == 'hidden' else 1:13.2f} | "
-                  f"{r['tok_s']:9.0f}")
-    k3 = k3_model_bytes(8)
-    lat, hid = k3["latent"], k3["hidden"]
-    print(f"K3 at EP8 (d={k3['d']}, latent={k3['ell']}, k={k3['k']}, {k3['moe_layers']} MoE layers, bf16, "
-          f"uniform routing): latent {lat['per_layer'] / 1e3:.1f} kB/token/layer = "
-          f"{lat['per_token_all_layers'] / 1e6:.2f} MB/token; hidden {hid['per_layer'] / 1e3:.1f} kB/token/layer = "
-          f"{hid['per_token_all_layers'] / 1e6:.2f} MB/token; ratio {hid['per_layer'] / lat['per_layer']:.2f}")
-
+                  f"{r['gather_bytes']:12.0f} | {r['total']:11.0f} | {model:13.0f} | {ratio:13.2f} | {r['tok_s']:9.0f}")
+    print(k3_line(8))
 
 if __name__ == "__main__":
     main()
