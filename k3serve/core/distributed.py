@@ -194,3 +194,40 @@ def sum_partials(parts: list[torch.Tensor]) -> torch.Tensor:
 def reduce_pieces(parts: list[torch.Tensor], par: Parallel) -> torch.Tensor:
     """A row-parallel output made whole: this rank's pieces in order, then the all-reduce over ranks."""
     return all_reduce(sum_partials(parts), par)
+
+
+# Expert-parallel exchange: variable-length all-to-all over the ep ranks (the tp group, since ep == tp).
+# torch's all_to_all_single takes uneven splits on gloo (CPU) and NCCL alike; the receiver must size its
+# buffer first, hence the count exchange before every payload.
+
+
+def exchange_counts(send_counts: list[int], par: Parallel) -> list[int]:
+    """Rows this rank will receive from each ep rank, given the rows it sends to each (``[ep]`` ints)."""
+    if par.ep == 1:
+        return list(send_counts)
+    send = torch.tensor(send_counts, dtype=torch.int64)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=par.tp_group)
+    return recv.tolist()
+
+
+def all_to_all(x: torch.Tensor, send_counts: list[int], recv_counts: list[int], par: Parallel) -> torch.Tensor:
+    """x ``[sum(send_counts), ...]``, rows grouped by destination ep rank -> ``[sum(recv_counts), ...]``, rows
+    grouped by source ep rank (in rank order; each source's rows in the order it sent them)."""
+    if par.ep == 1:
+        return x
+    out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=par.tp_group)
+    return out
+
+
+def all_gather_rows(x: torch.Tensor, counts: list[int], par: Parallel) -> torch.Tensor:
+    """Concatenate each ep rank's ``x`` ``[counts[r], ...]`` in rank order (rows may differ per rank)."""
+    if par.ep == 1:
+        return x
+    width = max(counts)
+    padded = x.new_zeros((width, *x.shape[1:]))
+    padded[:x.shape[0]] = x
+    parts = [torch.empty_like(padded) for _ in range(par.ep)]
+    dist.all_gather(parts, padded, group=par.tp_group)
+    return torch.cat([p[:c] for p, c in zip(parts, counts)])

@@ -19,6 +19,7 @@ from k3serve.layers.attn_res import AttnResState, AttnResWeights
 from k3serve.layers.kda import KimiDeltaAttention
 from k3serve.layers.mla import MLAttention
 from k3serve.layers.moe import GatedMLP, SparseMoE
+from k3serve.layers.moe_ep import EPSparseMoE
 from k3serve.layers.moe_tp import ParallelGatedMLP, TensorParallelMoE
 from k3serve.layers.norm import KimiRMSNorm
 from k3serve.ops import registry
@@ -35,7 +36,8 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = MLAttention(cfg, layer_idx, par)
         if cfg.is_moe_layer(layer_idx):
-            moe = TensorParallelMoE if par.sharded else SparseMoE
+            # ep > 1: whole experts spread over the tp ranks; else each expert split by width over tp
+            moe = EPSparseMoE if par.ep > 1 else TensorParallelMoE if par.sharded else SparseMoE
             self.block_sparse_moe = moe(cfg, mxfp4_experts, par)
         else:
             self.mlp = ParallelGatedMLP(d, cfg.intermediate_size, cfg, par) if par.sharded else \

@@ -83,9 +83,10 @@ class RoutedExperts(nn.Module):
 
     slots_cover_all = True
 
-    def __init__(self, cfg: TextConfig, mxfp4: bool):
+    def __init__(self, cfg: TextConfig, mxfp4: bool, num_experts: int | None = None):
         super().__init__()
-        E, D, I = cfg.num_experts, cfg.expert_width, cfg.moe_intermediate_size
+        # num_experts: how many expert slots this module holds (fewer than the config's under expert parallelism)
+        E, D, I = num_experts or cfg.num_experts, cfg.expert_width, cfg.moe_intermediate_size
         self.num_experts, self.width, self.inter, self.mxfp4 = E, D, I, mxfp4
         self.glu = make_glu(cfg.hidden_act, cfg.situ_beta, cfg.situ_linear_beta)
         self.act_quant: str | None = None  # MXFP8 fake-quant of expert GEMM inputs ("rceil"/"floor")
@@ -103,20 +104,21 @@ class RoutedExperts(nn.Module):
             self._w13_t, self._w2_t = SwappedCache(SWAPPED_MAX_BYTES), SwappedCache(SWAPPED_MAX_BYTES)
 
     def checkpoint_slots(self, prefix: str) -> list[WeightSlot]:
+        return [s for e in range(self.num_experts) for s in self.expert_slots(e, f"{prefix}{e}.")]
+
+    def expert_slots(self, e: int, p: str) -> list[WeightSlot]:
+        """The checkpoint slots of the expert in slot ``e``, under key prefix ``p`` (``...experts.{id}.``)."""
         I = self.inter
-        slots = []
-        for e in range(self.num_experts):
-            p = f"{prefix}{e}."
-            if self.mxfp4:
-                for name, packed, scale in (("w1", self.w13_packed[e, :I], self.w13_scale[e, :I]),
-                                            ("w3", self.w13_packed[e, I:], self.w13_scale[e, I:]),
-                                            ("w2", self.w2_packed[e], self.w2_scale[e])):
-                    slots += [param_slot(p + name + ".weight_packed", packed),
-                              param_slot(p + name + ".weight_scale", scale)]
-            else:
-                slots += [param_slot(p + "w1.weight", self.w13[e, :I]), param_slot(p + "w3.weight", self.w13[e, I:]),
-                          param_slot(p + "w2.weight", self.w2[e])]
-        return slots
+        if self.mxfp4:
+            slots = []
+            for name, packed, scale in (("w1", self.w13_packed[e, :I], self.w13_scale[e, :I]),
+                                        ("w3", self.w13_packed[e, I:], self.w13_scale[e, I:]),
+                                        ("w2", self.w2_packed[e], self.w2_scale[e])):
+                slots += [param_slot(p + name + ".weight_packed", packed),
+                          param_slot(p + name + ".weight_scale", scale)]
+            return slots
+        return [param_slot(p + "w1.weight", self.w13[e, :I]), param_slot(p + "w3.weight", self.w13[e, I:]),
+                param_slot(p + "w2.weight", self.w2[e])]
 
     def forward(self, u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """u ``[N, D]``, weights/ids ``[N, k]`` -> ``Σ_k w·expert(u)`` ``[N, D]`` accumulated in fp32."""

@@ -25,8 +25,18 @@ class WeightSlot:
     key: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    load: Callable[[torch.Tensor], None]
+    load: Callable[[torch.Tensor], None] | None  # None: a tensor another rank holds (the loader skips it)
     dump: Callable[[], torch.Tensor]
+
+
+def foreign_slot(key: str, like: WeightSlot) -> WeightSlot:
+    """A checkpoint tensor this process does not hold (an expert on another expert-parallel rank): the
+    loader accepts the key and leaves the tensor unread; it cannot be written back from here."""
+
+    def dump() -> torch.Tensor:
+        raise CheckpointError(f"tensor '{key}' is held by another rank; write checkpoints from a single process")
+
+    return WeightSlot(key, like.shape, like.dtype, None, dump)
 
 
 def _copy_into(key: str, target: torch.Tensor, accept: Callable[[torch.Tensor], torch.Tensor] | None = None):

@@ -117,8 +117,8 @@ def check_layout(config: ModelConfig, par: Parallel) -> None:
     t = config.text
     counts = dict(heads=t.num_attention_heads, kda_heads=t.linear_attn.num_heads, vocab=t.vocab_size,
                   intermediate_size=t.intermediate_size)
-    if t.num_experts:
-        counts.update(moe_intermediate=t.moe_intermediate_size, experts=t.num_experts)
+    if t.num_experts:  # experts split by width over tp (ep 1) or whole over the ep ranks
+        counts.update(experts=t.num_experts) if par.ep > 1 else counts.update(moe_intermediate=t.moe_intermediate_size)
     par.layout.check(**counts)
 
 

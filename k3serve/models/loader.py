@@ -112,6 +112,8 @@ def load_weights(model: nn.Module, path: Path, *, progress: bool = True) -> None
         handles = {f: stack.enter_context(safe_open(f, framework="pt")) for f in set(files.values())}
         bar = tqdm(slots.items(), desc=f"Loading {path.name}", unit="tensor", disable=not progress, leave=False)
         for ours, slot in bar:
+            if slot.load is None:  # another rank's tensor (expert parallelism): never read here
+                continue
             key, f = by_ours[ours]
             slot.load(handles[f].get_tensor(key))
 
