@@ -54,6 +54,26 @@ class CoreSpec(msgspec.Struct, frozen=True):
     seed: int = 0
     kv_events_host: str | None = None  # publish KV cache events (engine/kv_events.py) on this host; None: off
     log_stats_interval: float = 10.0  # seconds between engine stats lines (engine/stats_log.py); 0: none
+    tensor_parallel_size: int = 1  # ranks of this engine replica; rank 0 is this process (engine/ranks.py)
+    expert_parallel: bool = False
+    nnodes: int = 1  # hosts the ranks span; host 0 runs rank 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: a free local port (one host only)
+    dp_rank: int = 0  # which data-parallel replica this is (picks its GPUs on a shared host)
+
+    def layout(self):
+        from k3serve.core.distributed import ParallelLayout
+
+        tp = self.tensor_parallel_size
+        return ParallelLayout(tp=tp, ep=tp if self.expert_parallel else 1)
+
+    def rank_device(self, rank: int) -> str:
+        """``cuda`` becomes this rank's GPU: replica ``dp_rank`` uses the host's GPUs after the earlier ones'."""
+        if self.device != "cuda" or self.tensor_parallel_size == 1 and self.dp_rank == 0:
+            return self.device
+        per_node = self.tensor_parallel_size // self.nnodes
+        local = int(os.environ.get("LOCAL_RANK", rank % per_node))
+        return f"cuda:{self.dp_rank * per_node + local}"
 
 
 _PIXEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -90,22 +110,34 @@ def _stats(engine) -> Stats:
                  num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running)
 
 
-class EngineCore:
-    def __init__(self, spec: CoreSpec):
-        import torch
+def build_engine(spec: CoreSpec, par=None, group=None):
+    """The ``LLMEngine`` of ``spec`` on this rank; every rank of a replica builds it the same way."""
+    import torch
 
-        from k3serve.engine.config import EngineConfig
-        from k3serve.engine.engine import LLMEngine
-        from k3serve.engine.llm import parse_dtype
+    from k3serve.core.distributed import SINGLE
+    from k3serve.engine.config import EngineConfig
+    from k3serve.engine.engine import LLMEngine
+    from k3serve.engine.llm import parse_dtype
+
+    torch.manual_seed(spec.seed)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
+                          kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
+                          max_model_len=spec.max_model_len)
+    par = par or SINGLE
+    device = spec.rank_device(par.rank)
+    if device.startswith("cuda:"):
+        torch.cuda.set_device(torch.device(device))
+    # token ids only: text and stop strings are the client's job (engine/detokenizer.py)
+    return LLMEngine(spec.model, config=config, dtype=parse_dtype(spec.dtype), device=device, par=par, group=group)
+
+
+class EngineCore:
+    def __init__(self, spec: CoreSpec, par=None, group=None):
         from k3serve.engine.guided import MIN_VOCAB, GuidedDecoding
 
-        torch.manual_seed(spec.seed)
-        torch.set_num_threads(max(1, torch.get_num_threads()))
-        config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
-                              kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
-                              max_model_len=spec.max_model_len)
-        # token ids only: text and stop strings are the client's job (engine/detokenizer.py)
-        self.engine = LLMEngine(spec.model, config=config, dtype=parse_dtype(spec.dtype), device=spec.device)
+        self.group = group  # the tp step channel when this core is rank 0 of several
+        self.engine = build_engine(spec, par, group)
         eos = self.engine.eos_token_ids
         self.guide = GuidedDecoding(self.engine.vocab_size, eos[0] if eos else 0,
                                     enabled=self.engine.vocab_size >= MIN_VOCAB)
@@ -165,6 +197,8 @@ class EngineCore:
         try:
             outs = self.engine.step()
         except Exception as e:  # a failed step fails its requests, not the process
+            if self.group is not None:  # other ranks may be mid-collective: this rank set cannot go on
+                raise
             log.exception("engine step failed; aborting all requests")
             ids = list(self.engine.scheduler.requests)
             self.guide.take_failures()  # those requests end here anyway
@@ -199,54 +233,95 @@ def serve(spec: CoreSpec) -> int:
     push.connect(spec.output_addr)
     push.setsockopt(zmq.LINGER, 1000)
     parent = os.getppid()
+    watchdog = None
     try:
-        core = EngineCore(spec)
+        par, group, watchdog = start_ranks(spec)
+        core = EngineCore(spec, par, group)
     except Exception as e:  # noqa: BLE001 - reported to the client as one line
         push.send(encode(Fatal(f"{type(e).__name__}: {e}")))
         push.close()
         ctx.term()
+        if watchdog is not None:
+            watchdog.stopping.set()  # its workers die with this process
         return 1
     push.send(encode(core.ready()))
-    engine = core.engine
-    last_beat = 0.0
-    stats_logger = StatsLogger(spec.log_stats_interval, _stats(engine), time.monotonic())
     try:
-        while True:
-            busy = engine.has_unfinished_requests()
-            outputs: list[Output] = []
-            # while only grammars compile, wake often to admit them; never spin
-            wait = 0 if busy else COMPILE_POLL_MS if core.compiling else int(HEARTBEAT_S * 1000)
-            if _poll(pull, core.kv_events, wait):
-                while True:
-                    try:
-                        raw = pull.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    msg = to_engine_decoder.decode(raw)
-                    if isinstance(msg, Shutdown):
-                        return 0
-                    outputs += core.handle(msg)
-            if core.compiling:
-                outputs += core.admit_compiled()
-            if engine.has_unfinished_requests():
-                outputs += core.step()
-            if core.kv_events is not None:
-                core.kv_events.pump()
-            now = time.monotonic()
-            if outputs or now - last_beat >= HEARTBEAT_S:
-                stats = _stats(engine)
-                push.send(encode(Outputs(outputs, stats)))
-                if (line := stats_logger.update(stats, now)) is not None:
-                    stats_log.info(line)
-                last_beat = now
-                if os.getppid() != parent:  # the client is gone: do not linger as an orphan
-                    return 0
+        code = _loop(spec, core, pull, push, parent)
+        if core.group is not None:  # asked to stop: the workers leave through the same broadcast
+            watchdog.stopping.set()
+            core.group.send_shutdown()
+            watchdog.stop()
+        return code
+    except Exception as e:  # noqa: BLE001 - a lost rank (or a failed tp step) ends the rank set, in one line
+        if watchdog is not None:
+            watchdog.stopping.set()  # no broadcast to a broken group: the workers die with this process
+        log.exception("engine core stopping")
+        push.send(encode(Fatal(f"{type(e).__name__}: {e}")))
+        return 1
     finally:
         if core.kv_events is not None:
             core.kv_events.close()
         pull.close(0)
         push.close(0)
         ctx.term()
+
+
+def start_ranks(spec: CoreSpec):
+    """(par, group, watchdog): with one rank (None, None, None); else this host's workers are started and
+    watched, and this process joins the group as rank 0."""
+    from k3serve.engine.ranks import Watchdog, free_port, host_ranks, launched_externally, rank_env, spawn_workers
+    from k3serve.engine.tp_group import join
+
+    layout = spec.layout()
+    if layout.world_size == 1:
+        return None, None, None
+    workers = []
+    if not launched_externally():
+        port = spec.master_port or free_port()
+        os.environ.update(rank_env(0, layout.world_size, 0, spec.master_addr, port))
+        ranks = host_ranks(layout.tp, spec.nnodes, 0)
+        workers = spawn_workers(msgspec.json.encode(spec).decode(), ranks, layout.world_size, spec.master_addr, port)
+    watchdog = Watchdog(workers, spec.output_addr).start()
+    par, group = join(layout)
+    return par, group, watchdog
+
+
+def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
+    engine = core.engine
+    last_beat = 0.0
+    stats_logger = StatsLogger(spec.log_stats_interval, _stats(engine), time.monotonic())
+    while True:
+        busy = engine.has_unfinished_requests()
+        outputs: list[Output] = []
+        # while only grammars compile, wake often to admit them; never spin
+        wait = 0 if busy else COMPILE_POLL_MS if core.compiling else int(HEARTBEAT_S * 1000)
+        if _poll(pull, core.kv_events, wait):
+            while True:
+                try:
+                    raw = pull.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                msg = to_engine_decoder.decode(raw)
+                if isinstance(msg, Shutdown):
+                    return 0
+                outputs += core.handle(msg)
+        if core.compiling:
+            outputs += core.admit_compiled()
+        if engine.has_unfinished_requests():
+            outputs += core.step()
+        if core.kv_events is not None:
+            core.kv_events.pump()
+        now = time.monotonic()
+        if core.group is not None and not busy and now - last_beat >= HEARTBEAT_S:
+            core.group.send_noop()  # idle workers wait in a broadcast: keep it short of its timeout
+        if outputs or now - last_beat >= HEARTBEAT_S:
+            stats = _stats(engine)
+            push.send(encode(Outputs(outputs, stats)))
+            if (line := stats_logger.update(stats, now)) is not None:
+                stats_log.info(line)
+            last_beat = now
+            if os.getppid() != parent:  # the client is gone: do not linger as an orphan
+                return 0
 
 
 def _poll(pull, kv_events, timeout_ms: int) -> bool:
