@@ -19,6 +19,7 @@ import msgspec
 import zmq
 
 from k3serve.core.process import die_with_parent
+from k3serve.engine.core_spec import CoreSpec, build_engine
 from k3serve.engine.messages import (
     AbortRequest,
     AddRequest,
@@ -38,42 +39,6 @@ log = logging.getLogger("k3serve.engine")
 stats_log = logging.getLogger("k3serve.stats")
 HEARTBEAT_S = 1.0
 COMPILE_POLL_MS = 5  # how often an idle loop looks for grammars compiled aside
-
-
-class CoreSpec(msgspec.Struct, frozen=True):
-    model: str
-    input_addr: str
-    output_addr: str
-    dtype: str = "float32"
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    kv_cache_memory: float = 256 * 2**20
-    enable_prefix_caching: bool = True
-    device: str = "cpu"
-    seed: int = 0
-    kv_events_host: str | None = None  # publish KV cache events (engine/kv_events.py) on this host; None: off
-    log_stats_interval: float = 10.0  # seconds between engine stats lines (engine/stats_log.py); 0: none
-    tensor_parallel_size: int = 1  # ranks of this engine replica; rank 0 is this process (engine/ranks.py)
-    expert_parallel: bool = False
-    nnodes: int = 1  # hosts the ranks span; host 0 runs rank 0
-    master_addr: str = "127.0.0.1"
-    master_port: int | None = None  # None: a free local port (one host only)
-    dp_rank: int = 0  # which data-parallel replica this is (picks its GPUs on a shared host)
-
-    def layout(self):
-        from k3serve.core.distributed import ParallelLayout
-
-        tp = self.tensor_parallel_size
-        return ParallelLayout(tp=tp, ep=tp if self.expert_parallel else 1)
-
-    def rank_device(self, rank: int) -> str:
-        """``cuda`` becomes this rank's GPU: replica ``dp_rank`` uses the host's GPUs after the earlier ones'."""
-        if self.device != "cuda" or self.tensor_parallel_size == 1 and self.dp_rank == 0:
-            return self.device
-        per_node = self.tensor_parallel_size // self.nnodes
-        local = int(os.environ.get("LOCAL_RANK", rank % per_node))
-        return f"cuda:{self.dp_rank * per_node + local}"
 
 
 _PIXEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -108,28 +73,6 @@ def _stats(engine) -> Stats:
                  num_computed_tokens=s.num_computed_tokens, num_generated_tokens=s.num_generated_tokens,
                  num_preemptions=s.num_preemptions, num_steps=s.num_steps,
                  num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running)
-
-
-def build_engine(spec: CoreSpec, par=None, group=None):
-    """The ``LLMEngine`` of ``spec`` on this rank; every rank of a replica builds it the same way."""
-    import torch
-
-    from k3serve.core.distributed import SINGLE
-    from k3serve.engine.config import EngineConfig
-    from k3serve.engine.engine import LLMEngine
-    from k3serve.engine.llm import parse_dtype
-
-    torch.manual_seed(spec.seed)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
-                          kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
-                          max_model_len=spec.max_model_len)
-    par = par or SINGLE
-    device = spec.rank_device(par.rank)
-    if device.startswith("cuda:"):
-        torch.cuda.set_device(torch.device(device))
-    # token ids only: text and stop strings are the client's job (engine/detokenizer.py)
-    return LLMEngine(spec.model, config=config, dtype=parse_dtype(spec.dtype), device=device, par=par, group=group)
 
 
 class EngineCore:
@@ -235,6 +178,8 @@ def serve(spec: CoreSpec) -> int:
     parent = os.getppid()
     watchdog = None
     try:
+        from k3serve.engine.ranks import start_ranks
+
         par, group, watchdog = start_ranks(spec)
         core = EngineCore(spec, par, group)
     except Exception as e:  # noqa: BLE001 - reported to the client as one line
@@ -264,26 +209,6 @@ def serve(spec: CoreSpec) -> int:
         pull.close(0)
         push.close(0)
         ctx.term()
-
-
-def start_ranks(spec: CoreSpec):
-    """(par, group, watchdog): with one rank (None, None, None); else this host's workers are started and
-    watched, and this process joins the group as rank 0."""
-    from k3serve.engine.ranks import Watchdog, free_port, host_ranks, launched_externally, rank_env, spawn_workers
-    from k3serve.engine.tp_group import join
-
-    layout = spec.layout()
-    if layout.world_size == 1:
-        return None, None, None
-    workers = []
-    if not launched_externally():
-        port = spec.master_port or free_port()
-        os.environ.update(rank_env(0, layout.world_size, 0, spec.master_addr, port))
-        ranks = host_ranks(layout.tp, spec.nnodes, 0)
-        workers = spawn_workers(msgspec.json.encode(spec).decode(), ranks, layout.world_size, spec.master_addr, port)
-    watchdog = Watchdog(workers, spec.output_addr).start()
-    par, group = join(layout)
-    return par, group, watchdog
 
 
 def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:

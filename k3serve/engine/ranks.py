@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 
+import msgspec
 import zmq
 
 from k3serve.core.process import child_env
@@ -113,3 +114,22 @@ class Watchdog:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def start_ranks(spec):
+    """(par, group, watchdog) for the engine core of ``spec`` (a ``CoreSpec``): (None, None, None) with one
+    rank; else this host's workers are started and watched, and this process joins the group as rank 0."""
+    from k3serve.engine.tp_group import join
+
+    layout = spec.layout()
+    if layout.world_size == 1:
+        return None, None, None
+    workers = []
+    if not launched_externally():
+        port = spec.master_port or free_port()
+        os.environ.update(rank_env(0, layout.world_size, 0, spec.master_addr, port))
+        ranks = host_ranks(layout.tp, spec.nnodes, 0)
+        workers = spawn_workers(msgspec.json.encode(spec).decode(), ranks, layout.world_size, spec.master_addr, port)
+    watchdog = Watchdog(workers, spec.output_addr).start()
+    par, group = join(layout)
+    return par, group, watchdog

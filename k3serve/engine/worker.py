@@ -21,7 +21,7 @@ log = logging.getLogger("k3serve.engine")
 
 
 def run_worker(spec) -> int:
-    from k3serve.engine.core import build_engine
+    from k3serve.engine.core_spec import build_engine
     from k3serve.engine.step_inputs import SHUTDOWN, STEP
     from k3serve.engine.tp_group import RankLost, join
 
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m k3serve.engine.worker '<CoreSpec JSON>'", file=sys.stderr)
         return 2
-    from k3serve.engine.core import CoreSpec
+    from k3serve.engine.core_spec import CoreSpec
 
     try:
         return run_worker(msgspec.json.decode(argv[0], type=CoreSpec))
