@@ -20,20 +20,26 @@ from k3serve.core.process import die_with_parent
 log = logging.getLogger("k3serve.engine")
 
 
+def follow(engine, group) -> None:
+    """Run every step rank 0 broadcasts on this rank's ``engine`` until it says SHUTDOWN."""
+    from k3serve.engine.step_inputs import SHUTDOWN, STEP
+
+    while True:
+        kind, inputs = group.recv()
+        if kind == SHUTDOWN:
+            return
+        if kind == STEP:
+            engine.runner.execute(inputs)
+
+
 def run_worker(spec) -> int:
     from k3serve.engine.core_spec import build_engine
-    from k3serve.engine.step_inputs import SHUTDOWN, STEP
     from k3serve.engine.tp_group import RankLost, join
 
     par, group = join(spec.layout())
     try:
-        engine = build_engine(spec, par, group)
-        while True:
-            kind, inputs = group.recv()
-            if kind == SHUTDOWN:
-                return 0
-            if kind == STEP:
-                engine.runner.execute(inputs)
+        follow(build_engine(spec, par, group), group)
+        return 0
     except RankLost as e:
         log.error("rank %d: %s", par.rank, e)
         return 1
