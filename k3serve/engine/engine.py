@@ -1,7 +1,10 @@
 """``LLMEngine``: the synchronous engine core. ``step()`` = schedule a batch, run it, account for it, emit.
 
 Construction loads the model, sizes the MLA block pool and the KDA slot pool from one cache budget (the
-split is logged), and wires scheduler, prefix cache and model runner. The engine handles token ids only:
+split is logged), and wires scheduler, prefix cache and model runner. Split over tensor-parallel ranks, every
+rank builds the same engine (with ``par``, its place, and ``group``, the step channel): the ranks agree on the
+smallest cache plan, rank 0 schedules and broadcasts each step, the others only execute (``engine/worker.py``).
+One MLA block and one KDA slot beyond the pools are the dummy step's (``dummy_step``). The engine handles token ids only:
 text (and stop strings) are its clients' job, through ``engine/detokenizer.py``.
 """
 

@@ -131,5 +131,5 @@ def start_ranks(spec):
         ranks = host_ranks(layout.tp, spec.nnodes, 0)
         workers = spawn_workers(msgspec.json.encode(spec).decode(), ranks, layout.world_size, spec.master_addr, port)
     watchdog = Watchdog(workers, spec.output_addr).start()
-    par, group = join(layout)
+    par, group = join(layout, spec.device)
     return par, group, watchdog

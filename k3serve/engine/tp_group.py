@@ -41,13 +41,14 @@ def dist_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "300")))
 
 
-def join(layout: ParallelLayout) -> tuple[Parallel, "TPGroup | None"]:
+def join(layout: ParallelLayout, device: str = "cpu") -> tuple[Parallel, "TPGroup | None"]:
     """Join the process group described by the environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT:
-    set by our launcher or by torchrun) and build this rank's groups; (SINGLE-like, None) for one rank."""
+    set by our launcher or by torchrun) and build this rank's groups; (SINGLE-like, None) for one rank. The
+    model's collectives run on NCCL when the engine runs on CUDA, else on gloo."""
     if layout.world_size == 1:
         return Parallel(layout), None
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=dist_timeout())
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=dist_timeout())
     par = init_parallel(layout)
     group = None
     for d in range(layout.dp):  # every rank creates every group, in the same order

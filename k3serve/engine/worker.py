@@ -36,7 +36,7 @@ def run_worker(spec) -> int:
     from k3serve.engine.core_spec import build_engine
     from k3serve.engine.tp_group import RankLost, join
 
-    par, group = join(spec.layout())
+    par, group = join(spec.layout(), spec.device)
     try:
         follow(build_engine(spec, par, group), group)
         return 0

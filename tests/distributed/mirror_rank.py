@@ -33,7 +33,7 @@ def main() -> int:
     tp = int(sys.argv[1])
     spec = CoreSpec(model="k3-tiny-random", input_addr="", output_addr="", max_num_seqs=4, max_model_len=64,
                     max_num_batched_tokens=64, kv_cache_memory=cache_budget(7), tensor_parallel_size=tp)
-    par, group = join(spec.layout())
+    par, group = join(spec.layout(), spec.device)
     engine = build_engine(spec, par, group)
     if group.is_leader:
         params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
