@@ -60,7 +60,9 @@ def stand_ins(tmp_path_factory) -> dict[str, str]:
     (repo / "refs" / "main").write_text(commit)
     text = tmp / "file.txt"
     text.write_text("Kimi K3 serves tool calls.\n" * 20)
-    return {"/path/to/checkpoint": str(ckpt), "FILE": str(text), "trace.jsonl": str(TRACE), "hf_cache": str(tmp / "hf")}
+    key = tmp / "key.txt"
+    key.write_text("a-readme-test-kv-events-secret\n")
+    return {"/path/to/checkpoint": str(ckpt), "FILE": str(text), "key.txt": str(key), "trace.jsonl": str(TRACE), "hf_cache": str(tmp / "hf")}
 
 
 def _argv(command: str, stand_ins: dict[str, str]) -> list[str]:

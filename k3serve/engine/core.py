@@ -19,6 +19,7 @@ import msgspec
 import zmq
 
 from k3serve.core.process import die_with_parent
+from k3serve.engine.core_spec import CoreSpec, build_engine
 from k3serve.engine.messages import (
     AbortRequest,
     AddRequest,
@@ -38,24 +39,6 @@ log = logging.getLogger("k3serve.engine")
 stats_log = logging.getLogger("k3serve.stats")
 HEARTBEAT_S = 1.0
 COMPILE_POLL_MS = 5  # how often an idle loop looks for grammars compiled aside
-
-
-class CoreSpec(msgspec.Struct, frozen=True):
-    model: str
-    input_addr: str
-    output_addr: str
-    dtype: str = "float32"
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    kv_cache_memory: float = 256 * 2**20
-    enable_prefix_caching: bool = True
-    device: str = "cpu"
-    seed: int = 0
-    kv_events_host: str | None = None  # publish KV cache events (engine/kv_events.py) on this host; None: off
-    # keyed events: the secret (core.kv_auth) comes in the environment, never in this spec (it is argv)
-    kv_events_keyed: bool = False
-    log_stats_interval: float = 10.0  # seconds between engine stats lines (engine/stats_log.py); 0: none
 
 
 _PIXEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -106,22 +89,12 @@ def _kv_events_key(spec: CoreSpec):
 
 
 class EngineCore:
-    def __init__(self, spec: CoreSpec):
-        import torch
-
-        from k3serve.engine.config import EngineConfig
-        from k3serve.engine.engine import LLMEngine
-        from k3serve.engine.llm import parse_dtype
+    def __init__(self, spec: CoreSpec, par=None, group=None):
         from k3serve.engine.guided import MIN_VOCAB, GuidedDecoding
 
-        torch.manual_seed(spec.seed)
-        torch.set_num_threads(max(1, torch.get_num_threads()))
         key = _kv_events_key(spec)
-        config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
-                              kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
-                              max_model_len=spec.max_model_len, hash_key=key.hash_key if key else b"")
-        # token ids only: text and stop strings are the client's job (engine/detokenizer.py)
-        self.engine = LLMEngine(spec.model, config=config, dtype=parse_dtype(spec.dtype), device=spec.device)
+        self.group = group  # the tp step channel when this core is rank 0 of several
+        self.engine = build_engine(spec, par, group, hash_key=key.hash_key if key else b"")
         eos = self.engine.eos_token_ids
         self.guide = GuidedDecoding(self.engine.vocab_size, eos[0] if eos else 0,
                                     enabled=self.engine.vocab_size >= MIN_VOCAB)
@@ -181,6 +154,8 @@ class EngineCore:
         try:
             outs = self.engine.step()
         except Exception as e:  # a failed step fails its requests, not the process
+            if self.group is not None:  # other ranks may be mid-collective: this rank set cannot go on
+                raise
             log.exception("engine step failed; aborting all requests")
             ids = list(self.engine.scheduler.requests)
             self.guide.take_failures()  # those requests end here anyway
@@ -215,54 +190,77 @@ def serve(spec: CoreSpec) -> int:
     push.connect(spec.output_addr)
     push.setsockopt(zmq.LINGER, 1000)
     parent = os.getppid()
+    watchdog = None
     try:
-        core = EngineCore(spec)
+        from k3serve.engine.ranks import start_ranks
+
+        par, group, watchdog = start_ranks(spec)
+        core = EngineCore(spec, par, group)
     except Exception as e:  # noqa: BLE001 - reported to the client as one line
         push.send(encode(Fatal(f"{type(e).__name__}: {e}")))
         push.close()
         ctx.term()
+        if watchdog is not None:
+            watchdog.stopping.set()  # its workers die with this process
         return 1
     push.send(encode(core.ready()))
-    engine = core.engine
-    last_beat = 0.0
-    stats_logger = StatsLogger(spec.log_stats_interval, _stats(engine), time.monotonic())
     try:
-        while True:
-            busy = engine.has_unfinished_requests()
-            outputs: list[Output] = []
-            # while only grammars compile, wake often to admit them; never spin
-            wait = 0 if busy else COMPILE_POLL_MS if core.compiling else int(HEARTBEAT_S * 1000)
-            if _poll(pull, core.kv_events, wait):
-                while True:
-                    try:
-                        raw = pull.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    msg = to_engine_decoder.decode(raw)
-                    if isinstance(msg, Shutdown):
-                        return 0
-                    outputs += core.handle(msg)
-            if core.compiling:
-                outputs += core.admit_compiled()
-            if engine.has_unfinished_requests():
-                outputs += core.step()
-            if core.kv_events is not None:
-                core.kv_events.pump()
-            now = time.monotonic()
-            if outputs or now - last_beat >= HEARTBEAT_S:
-                stats = _stats(engine)
-                push.send(encode(Outputs(outputs, stats)))
-                if (line := stats_logger.update(stats, now)) is not None:
-                    stats_log.info(line)
-                last_beat = now
-                if os.getppid() != parent:  # the client is gone: do not linger as an orphan
-                    return 0
+        code = _loop(spec, core, pull, push, parent)
+        if core.group is not None:  # asked to stop: the workers leave through the same broadcast
+            watchdog.stopping.set()
+            core.group.send_shutdown()
+            watchdog.stop()
+        return code
+    except Exception as e:  # noqa: BLE001 - a lost rank (or a failed tp step) ends the rank set, in one line
+        if watchdog is not None:
+            watchdog.stopping.set()  # no broadcast to a broken group: the workers die with this process
+        log.exception("engine core stopping")
+        push.send(encode(Fatal(f"{type(e).__name__}: {e}")))
+        return 1
     finally:
         if core.kv_events is not None:
             core.kv_events.close()
         pull.close(0)
         push.close(0)
         ctx.term()
+
+
+def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
+    engine = core.engine
+    last_beat = 0.0
+    stats_logger = StatsLogger(spec.log_stats_interval, _stats(engine), time.monotonic())
+    while True:
+        busy = engine.has_unfinished_requests()
+        outputs: list[Output] = []
+        # while only grammars compile, wake often to admit them; never spin
+        wait = 0 if busy else COMPILE_POLL_MS if core.compiling else int(HEARTBEAT_S * 1000)
+        if _poll(pull, core.kv_events, wait):
+            while True:
+                try:
+                    raw = pull.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                msg = to_engine_decoder.decode(raw)
+                if isinstance(msg, Shutdown):
+                    return 0
+                outputs += core.handle(msg)
+        if core.compiling:
+            outputs += core.admit_compiled()
+        if engine.has_unfinished_requests():
+            outputs += core.step()
+        if core.kv_events is not None:
+            core.kv_events.pump()
+        now = time.monotonic()
+        if core.group is not None and not busy and now - last_beat >= HEARTBEAT_S:
+            core.group.send_noop()  # idle workers wait in a broadcast: keep it short of its timeout
+        if outputs or now - last_beat >= HEARTBEAT_S:
+            stats = _stats(engine)
+            push.send(encode(Outputs(outputs, stats)))
+            if (line := stats_logger.update(stats, now)) is not None:
+                stats_log.info(line)
+            last_beat = now
+            if os.getppid() != parent:  # the client is gone: do not linger as an orphan
+                return 0
 
 
 def _poll(pull, kv_events, timeout_ms: int) -> bool:

@@ -1,7 +1,10 @@
 """``LLMEngine``: the synchronous engine core. ``step()`` = schedule a batch, run it, account for it, emit.
 
 Construction loads the model, sizes the MLA block pool and the KDA slot pool from one cache budget (the
-split is logged), and wires scheduler, prefix cache and model runner. The engine handles token ids only:
+split is logged), and wires scheduler, prefix cache and model runner. Split over tensor-parallel ranks, every
+rank builds the same engine (with ``par``, its place, and ``group``, the step channel): the ranks agree on the
+smallest cache plan, rank 0 schedules and broadcasts each step, the others only execute (``engine/worker.py``).
+One MLA block and one KDA slot beyond the pools are the dummy step's (``dummy_step``). The engine handles token ids only:
 text (and stop strings) are its clients' job, through ``engine/detokenizer.py``.
 """
 
@@ -16,6 +19,7 @@ import torch
 from torch import nn
 
 from k3serve.core.config import ModelConfig
+from k3serve.core.distributed import SINGLE, Parallel
 from k3serve.engine.block_pool import BlockPool
 from k3serve.engine.config import EngineConfig, check_device
 from k3serve.engine.logits_processor import LogitsProcessor
@@ -28,6 +32,8 @@ from k3serve.engine.request import Batch, Request
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.engine.scheduler import Scheduler
 from k3serve.engine.state_pool import StatePool
+from k3serve.engine.step_inputs import StepInputs
+from k3serve.engine.tp_group import TPGroup
 from k3serve.engine.stats import EngineStats
 from k3serve.models.cache import allocate_caches, cache_spec
 from k3serve.ops import registry
@@ -47,7 +53,9 @@ def load_tokenizer() -> Any | None:
 class LLMEngine:
     def __init__(self, model: str | Path | nn.Module, *, config: EngineConfig | None = None,
                  dtype: torch.dtype = torch.float32, model_config: ModelConfig | None = None,
-                 device: str = "cpu"):
+                 device: str = "cpu", par: Parallel = SINGLE, group: TPGroup | None = None):
+        """``par``: this rank's place when the model is split over several processes; ``group``: the tp
+        group's step channel (rank 0 broadcasts every step on it; a worker's engine only executes)."""
         check_device(device)
         from k3serve.models.loader import load_model, place_model
 
@@ -56,7 +64,7 @@ class LLMEngine:
                 raise ValueError("model_config: required when passing a model object")
             place_model(model, device, dtype)  # in place, like nn.Module.to: the engine runs where its caches are
         else:
-            model, model_config = load_model(model, dtype=dtype, progress=False, device=device)
+            model, model_config = load_model(model, dtype=dtype, progress=False, device=device, par=par)
         registry.post_load(model)  # backends that read weights in their own layout convert them now
         self.config = config = config or EngineConfig()
         if config.retain_freed_memory and torch.device(device).type == "cpu":
@@ -85,9 +93,14 @@ class LLMEngine:
                             "running slots (more: raise --kv-cache-memory / --gpu-memory-utilization, lower "
                             "--max-num-seqs)")
         self.plan: CachePlan = plan_cache(budget, max_model_len=self.max_model_len, **sizes)
+        if group is not None:  # every rank must number the same blocks and slots: the smallest plan wins
+            self.plan = agree_plan(self.plan, group)
         log.info(self.plan.report())
-        caches = allocate_caches(spec, num_blocks=self.plan.num_blocks, block_size=config.block_size,
-                                 num_slots=config.max_num_seqs + self.plan.num_snapshot_slots, device=device)
+        num_slots = config.max_num_seqs + self.plan.num_snapshot_slots
+        # one block and one slot beyond what the pools hand out: the dummy step's, so it writes nobody's cache
+        self.dummy_block, self.dummy_slot = self.plan.num_blocks, num_slots
+        caches = allocate_caches(spec, num_blocks=self.plan.num_blocks + 1, block_size=config.block_size,
+                                 num_slots=num_slots + 1, device=device)
         self.blocks = BlockPool(self.plan.num_blocks, config.block_size)
         self.states = StatePool(config.max_num_seqs, self.plan.num_snapshot_slots)
         cache = HybridPrefixCache(self.blocks, self.states, config.hash_key) if config.enable_prefix_caching else NoPrefixCache()
@@ -95,7 +108,8 @@ class LLMEngine:
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    state_cache_interval=config.state_cache_interval,
                                    blocks=self.blocks, states=self.states, cache=cache)
-        self.runner = ModelRunner(model, caches, device, placeholder_id=model_config.media_placeholder_token_id)
+        self.runner = ModelRunner(model, caches, device, placeholder_id=model_config.media_placeholder_token_id,
+                                  group=group if group is not None and group.is_leader else None)
         self._arrivals = 0
         self.num_steps = 0
         self.num_generated_tokens = 0
@@ -109,6 +123,14 @@ class LLMEngine:
         self.scheduler.update(batch, result.sampled)
         self.num_steps += 1
         return self._process(batch, result)
+
+    def dummy_step(self) -> None:
+        """A one-token forward that belongs to no request (an idle data-parallel rank keeps in step with the
+        others' collectives): it reads and writes only the reserved dummy block and slot, and samples nothing."""
+        s = dummy_inputs(self.dummy_block, self.dummy_slot, self.eos_token_ids[0] if self.eos_token_ids else 0)
+        if self.runner.group is not None:
+            self.runner.group.send_step(s)
+        self.runner.execute(s)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                     images: Sequence[ImageInput] = (), logits_processor: LogitsProcessor | None = None) -> Request:
@@ -196,3 +218,15 @@ def record_prompt_logprobs(req: Request, start: int, chunk: list[dict[int, float
     for k, lp in enumerate(chunk):
         if start + 1 + k == len(req.prompt_logprobs):
             req.prompt_logprobs.append(lp)
+
+
+def agree_plan(plan: CachePlan, group: TPGroup) -> CachePlan:
+    import dataclasses
+
+    num_blocks, num_snapshot_slots = group.agree_min([plan.num_blocks, plan.num_snapshot_slots])
+    return dataclasses.replace(plan, num_blocks=num_blocks, num_snapshot_slots=num_snapshot_slots)
+
+
+def dummy_inputs(block: int, slot: int, token: int) -> StepInputs:
+    """One fresh token at position 0 in the reserved block and slot; no copies, no logits."""
+    return StepInputs([token], [0, 1], [0], [slot], [block], 1)

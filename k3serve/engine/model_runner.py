@@ -1,4 +1,4 @@
-"""Batch -> packed tensors -> forward -> batched sampler.
+"""Batch -> ``StepInputs`` -> forward (on every tp rank) -> batched sampler (rank 0).
 
 For a ``Batch`` of B requests with ``num_new_tokens[i]`` tokens each (N in all):
   input_ids ``[N]`` (request i's tokens ``cached_lens[i] : cached_lens[i] + num_new_tokens[i]``),
@@ -9,7 +9,8 @@ the leading cache rows, so ``state_slots`` is ``0..B-1`` and the layers update t
 with a vision tower also get ``image_embeds [n, d]``, one row per placeholder position of the batch
 (``multimodal.ImageEmbedder``). Logits are computed only for rows that sample, plus every prompt position of
 requests that asked for prompt logprobs. The logits processors of the sampling rows are prepared before the
-forward (their work overlaps it) and applied by the sampler.
+forward (their work overlaps it) and applied by the sampler. ``run`` is rank 0's step; a worker rank calls
+``execute`` with the inputs rank 0 broadcast (``engine/worker.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from k3serve.engine.multimodal import ImageEmbedder
 from k3serve.engine.request import Batch
 from k3serve.engine.sampler import sample, token_logprobs
 from k3serve.engine.state_rows import StateRows
+from k3serve.engine.step_inputs import StepInputs
 
 
 @dataclass
@@ -44,8 +46,9 @@ def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, caches: ModelCaches, device: torch.device | str = "cpu", *,
-                 placeholder_id: int | None = None):
+                 placeholder_id: int | None = None, group=None):
         self.model = model
+        self.group = group  # a TPGroup when this is rank 0 of several: each step is broadcast before it runs
         self.caches = caches
         self.device = torch.device(device)
         kda = [*caches.kda_state.values(), *caches.kda_conv.values()]
@@ -62,7 +65,8 @@ class ModelRunner:
         for cache in (*self.caches.kda_state.values(), *self.caches.kda_conv.values()):
             cache.index_copy_(0, dst, cache.index_select(0, src))
 
-    def prepare(self, batch: Batch) -> tuple[torch.Tensor, ForwardContext]:
+    def inputs(self, batch: Batch) -> StepInputs:
+        """The batch as ids (rank 0 only: it reads the requests), for every tp rank to run."""
         ids: list[int] = []
         for req, start, n in zip(batch.requests, batch.cached_lens, batch.num_new_tokens):
             ids += req.token_ids[start:start + n]
@@ -74,13 +78,44 @@ class ModelRunner:
         cu = [0]
         for n in batch.num_new_tokens:
             cu.append(cu[-1] + n)
-        slots = self.state_rows.rows([r.slot for r in batch.requests])
+        spans = []
+        for i, req in enumerate(batch.requests):
+            start, n = batch.cached_lens[i], batch.num_new_tokens[i]
+            num = min(start + n, req.num_prompt_tokens - 1) - start  # positions whose next token is prompt
+            if req.wants_prompt_logprobs and num > 0:
+                spans.append((cu[i + 1] - n, num))
+        embeds = None
+        if self.images is not None:
+            embeds = self.images(batch.requests, batch.cached_lens, batch.num_new_tokens)
+        return StepInputs(ids, cu, list(batch.cached_lens), [r.slot for r in batch.requests], tables, width,
+                          list(batch.state_copies), list(batch.snapshots),
+                          [cu[i + 1] - 1 for i in range(len(batch)) if batch.samples(i)], spans, embeds)
+
+    def context(self, s: StepInputs) -> ForwardContext:
         # the layout goes to the device once and stays on the host too: nothing reads it back
-        ctx = ForwardContext(cu_seqlens=long_tensor(cu, self.device), cached_lens=list(batch.cached_lens),
-                             state_slots=long_tensor(slots, self.device),
-                             block_tables=long_tensor(tables, self.device).view(len(batch), width),
-                             caches=self.caches, host_cu_seqlens=cu, host_state_slots=slots)
-        return long_tensor(ids, self.device), ctx
+        rows = self.state_rows.rows(s.slots)
+        return ForwardContext(cu_seqlens=long_tensor(s.cu_seqlens, self.device), cached_lens=s.cached_lens,
+                              state_slots=long_tensor(rows, self.device),
+                              block_tables=long_tensor(s.block_tables, self.device).view(len(s.slots), s.width),
+                              caches=self.caches, host_cu_seqlens=s.cu_seqlens, host_state_slots=rows)
+
+    @torch.inference_mode()
+    def execute(self, s: StepInputs) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """Run one step on this rank's caches: (logits of ``logit_rows``, logits of each prompt span). Every
+        tp rank calls this with the same inputs; only rank 0 uses the logits."""
+        self.copy_slots(s.copies_before)
+        self.state_rows.arrange(s.slots)
+        ctx = self.context(s)
+        with forward_context(ctx):
+            input_ids = long_tensor(s.input_ids, self.device)
+            if s.image_embeds is None:
+                hidden = self.model(input_ids, ctx)
+            else:
+                hidden = self.model(input_ids, ctx, image_embeds=s.image_embeds.to(self.device))
+            logits = self.model.compute_logits(hidden[s.logit_rows]) if s.logit_rows else None
+            spans = [self.model.compute_logits(hidden[first:first + num]) for first, num in s.prompt_spans]
+        self.copy_slots(s.copies_after)
+        return logits, spans
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepResult:
@@ -89,39 +124,27 @@ class ModelRunner:
         for req in reqs:  # processors start their work (grammar masks) now, to overlap the forward
             if req.logits_processor is not None:
                 req.logits_processor.prepare(req.output_token_ids)
-        self.copy_slots(batch.state_copies)
-        self.state_rows.arrange([r.slot for r in batch.requests])
-        input_ids, ctx = self.prepare(batch)
-        ends = ctx.host_cu_seqlens[1:]
-        with forward_context(ctx):
-            hidden = self._forward(input_ids, ctx, batch)
-            logits = self.model.compute_logits(hidden[[ends[i] - 1 for i in rows]])
-            prompt_lp = self._prompt_logprobs(batch, hidden, ends)
-        self.copy_slots(batch.snapshots)
-        result = sample(logits, reqs)
+        s = self.inputs(batch)
+        if self.group is not None:
+            self.group.send_step(s)
+        logits, span_logits = self.execute(s)
+        result = sample(logits, reqs) if logits is not None else None  # None: no request reached its end
         sampled: list[int | None] = [None] * len(batch)
         logprobs: list[dict[int, float] | None] = [None] * len(batch)
         for j, i in enumerate(rows):
             sampled[i], logprobs[i] = result.tokens[j], result.logprobs[j]
-        return StepResult(sampled, logprobs, prompt_lp)
+        return StepResult(sampled, logprobs, self._prompt_logprobs(batch, span_logits))
 
-    def _forward(self, input_ids: torch.Tensor, ctx: ForwardContext, batch: Batch) -> torch.Tensor:
-        if self.images is None:
-            return self.model(input_ids, ctx)
-        embeds = self.images(batch.requests, batch.cached_lens, batch.num_new_tokens)
-        return self.model(input_ids, ctx) if embeds is None else self.model(input_ids, ctx, image_embeds=embeds)
-
-    def _prompt_logprobs(self, batch: Batch, hidden: torch.Tensor,
-                         ends: list[int]) -> list[list[dict[int, float]] | None]:
-        """Logprob of each next prompt token at every prompt position this chunk computes."""
+    def _prompt_logprobs(self, batch: Batch, span_logits: list[torch.Tensor]) -> list[list[dict[int, float]] | None]:
+        """Logprob of each next prompt token at every prompt position this chunk computed (``inputs`` made
+        one span per request that wants them, in batch order)."""
         out: list[list[dict[int, float]] | None] = [None] * len(batch)
+        spans = iter(span_logits)
         for i, req in enumerate(batch.requests):
             start, n = batch.cached_lens[i], batch.num_new_tokens[i]
-            num = min(start + n, req.num_prompt_tokens - 1) - start  # positions whose next token is prompt
+            num = min(start + n, req.num_prompt_tokens - 1) - start
             if not req.wants_prompt_logprobs or num <= 0:
                 continue
-            first = ends[i] - n
-            logits = self.model.compute_logits(hidden[first:first + num])
             targets = req.prompt_token_ids[start + 1:start + 1 + num]
-            out[i] = token_logprobs(logits, targets, [req.params.prompt_logprobs] * num)
+            out[i] = token_logprobs(next(spans), targets, [req.params.prompt_logprobs] * num)
         return out

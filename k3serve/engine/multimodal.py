@@ -165,7 +165,12 @@ class ImageEmbedder:
     def __post_init__(self) -> None:
         from k3serve.models.kimi import text_model
 
-        self.pad_row = text_model(self.model).model.embed_tokens.weight[self.placeholder_id].detach()
+        embed = text_model(self.model).model.embed_tokens
+        dev = next(embed.parameters()).device
+        # through the module, not its weight: a vocab-parallel rank holds only its slice of the table (the
+        # lookup's all-reduce runs on every rank, as each builds its runner at the same point)
+        with torch.no_grad():
+            self.pad_row = embed(torch.tensor([self.placeholder_id], device=dev))[0]
 
     def __call__(self, requests: Sequence, starts: Sequence[int], counts: Sequence[int]) -> torch.Tensor | None:
         """``image_embeds [n_placeholders, hidden]`` for a packed batch in which request ``i`` computes

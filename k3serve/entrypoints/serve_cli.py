@@ -2,7 +2,8 @@
 
 Two processes: this one runs the HTTP server (validation, chat rendering, tokenization,
 detokenization, output parsing); the engine core runs in a child process and the two talk typed
-messages over ZMQ. Parallelism flags the planner prints are accepted and must be 1 for now.
+messages over ZMQ. With ``--tensor-parallel-size N`` the engine core is rank 0 of N and starts the other
+ranks itself; ``--data-parallel-size D`` runs D engine cores (``entrypoints/parallel_cli.py``).
 
 Start-up order: flags are checked (one line and exit 1 on a bad one), the port is taken, the engine
 starts (its failure is one line too), and only then "serving on" is printed and HTTP served. SIGTERM,
@@ -20,11 +21,11 @@ import socket
 
 from k3serve.core.kv_auth import KEY_ENV as KV_KEY_ENV
 from k3serve.core.kv_auth import MIN_SECRET_CHARS
+from k3serve.entrypoints import parallel_cli
 from k3serve.entrypoints.generate_cli import DEFAULT_MODEL, add_download_arguments
 
 API_KEY_ENV = "K3SERVE_API_KEY"  # like vLLM's VLLM_API_KEY: a key on the command line is visible to `ps`
 ENGINE_GONE = -1  # in `stopped`: the engine died for good (not a signal)
-_UNSUPPORTED_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "nnodes")
 
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
@@ -126,14 +127,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
                    help="disable prefix caching")
     e.add_argument("--seed", type=int, default=0, help="engine random seed")
-    par = p.add_argument_group("parallelism (single device only for now)")
-    par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    par.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
-    par.add_argument("--data-parallel-size", "-dp", type=int, default=1)
-    par.add_argument("--enable-expert-parallel", action="store_true")
-    par.add_argument("--nnodes", type=int, default=1)
-    par.add_argument("--node-rank", type=int, default=0)
-    par.add_argument("--master-addr", default=None)
+    parallel_cli.add_arguments(p)
 
 
 def server_config(args: argparse.Namespace):
@@ -141,14 +135,6 @@ def server_config(args: argparse.Namespace):
     from k3serve.server.media import MediaLimits
     from k3serve.server.state import ServerConfig
 
-    for name in _UNSUPPORTED_PARALLEL:
-        if getattr(args, name) != 1:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: not supported yet "
-                             "(this server runs one engine on one device)")
-    if args.enable_expert_parallel:
-        raise ValueError("--enable-expert-parallel: not supported yet (this server runs one engine on one device)")
-    if args.node_rank != 0 or args.master_addr is not None:
-        raise ValueError("--node-rank/--master-addr: multi-node serving is not supported yet")
     if args.kv_cache_dtype == "fp8":
         raise ValueError("--kv-cache-dtype fp8: not supported yet")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
@@ -166,8 +152,8 @@ def server_config(args: argparse.Namespace):
     from k3serve.models.registry import resolve_model_path
 
     path = str(resolve_model_path(args.model, revision=args.revision, download_dir=args.download_dir))
-    check_engine_flags(args, path)
-    engine = {"dtype": args.dtype, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+    layout = check_engine_flags(args, path)
+    engine = {**layout, "dtype": args.dtype, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "enable_prefix_caching": args.prefix_caching,
               "device": args.device, "seed": args.seed,
               "log_stats_interval": 0.0 if args.disable_log_stats else args.log_stats_interval}
@@ -184,7 +170,8 @@ def server_config(args: argparse.Namespace):
                         api_key=api_key, api_contract=args.api_contract, chat_format=args.chat_format,
                         max_queued_requests=args.max_queued_requests, engine=engine,
                         access_log=not args.disable_access_log, limits=limits,
-                        max_engine_restarts=args.max_engine_restarts,
+                        max_engine_restarts=0 if parallel_cli.torchrun_rank() is not None else args.max_engine_restarts,
+                        data_parallel_size=args.data_parallel_size,
                         media=MediaLimits(max_images=args.limit_images, max_image_bytes=args.max_image_bytes,
                                           max_pixels=args.max_image_pixels,
                                           allowed_domains=tuple(d.lower() for d in args.allowed_media_domains)))
@@ -203,8 +190,9 @@ def kv_events_secret(args: argparse.Namespace) -> str | None:
     return secret
 
 
-def check_engine_flags(args: argparse.Namespace, model_path: str) -> None:
-    """The engine's own checks, run here so bad flags fail in one line before any process starts."""
+def check_engine_flags(args: argparse.Namespace, model_path: str) -> dict:
+    """The engine's own checks, run here so bad flags fail in one line before any process starts; returns
+    the engine's layout fields (``parallel_cli.check_parallel``)."""
     from k3serve.core.config import ModelConfig
     from k3serve.engine.config import EngineConfig, check_device
 
@@ -216,10 +204,12 @@ def check_engine_flags(args: argparse.Namespace, model_path: str) -> None:
     except ValueError as e:
         name, _, why = str(e).partition(": ")
         raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name, '')}: {why}") from None
-    limit = ModelConfig.from_file(model_path).text.max_position_embeddings
+    model_config = ModelConfig.from_file(model_path)
+    limit = model_config.text.max_position_embeddings
     if args.max_model_len is not None and args.max_model_len > limit:
         raise ValueError(f"--max-model-len {args.max_model_len}: longer than the model's "
                          f"max_position_embeddings ({limit})")
+    return parallel_cli.check_parallel(args, model_config)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -228,6 +218,10 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas != 1:
         return _run_replicas(args)
     config = server_config(args)
+    rank = parallel_cli.torchrun_rank()
+    if args.node_rank > 0 or rank not in (None, 0):  # this host (or process) runs tp ranks only, no HTTP
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        return parallel_cli.run_ranks_only(config, args.node_rank)
     # the server's own warnings (e.g. chat disabled for a small vocabulary) with their level, like the engine's
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     sock = bind_socket(args.host, args.port)

@@ -1,8 +1,9 @@
 """Launch commands for a planned replica: k3serve, and the equivalent vLLM and SGLang flags.
 
 Multi-node replicas use shell placeholders (``$NODE_RANK``, ``$HEAD_ADDR``) so one line serves every node.
-The k3serve command holds only flags ``k3serve serve`` accepts and honours today (one engine on one device);
-what the replica needs beyond that (parallelism, multi-node, an FP8 KV cache) is listed apart by
+The k3serve command holds only flags ``k3serve serve`` accepts and honours today (tensor parallel, experts over
+the same ranks, across hosts); what the replica needs beyond that (pipeline stages, data-parallel groups
+sharing experts, an FP8 KV cache) is listed apart by
 ``k3serve_not_yet_supported`` instead of being printed as a command that would refuse to start.
 Flag spellings follow vLLM's and SGLang's documented server arguments (docs.vllm.ai "Parallelism and
 Scaling", docs.sglang.io "Server Arguments"); re-check them against the pinned engine version.
@@ -35,25 +36,34 @@ def k3serve_command(s: LaunchSpec, checkpoint: str) -> str:
     return " ".join([f"k3serve serve {checkpoint}", "--device cuda", "--dtype bfloat16",
                      f"--max-model-len {s.context_length}", f"--max-num-seqs {s.max_num_seqs}",
                      f"--max-num-batched-tokens {s.max_num_batched_tokens}",
-                     f"--gpu-memory-utilization {s.gpu_memory_utilization}"])
+                     f"--gpu-memory-utilization {s.gpu_memory_utilization}", *_k3serve_parallel(s)[0]])
 
 
 def k3serve_not_yet_supported(s: LaunchSpec) -> tuple[str, ...]:
     """The flags this replica needs that ``k3serve serve`` refuses today (vLLM spellings)."""
-    lay, out = s.layout, []
-    if lay.tp > 1:
-        out.append(f"--tensor-parallel-size {lay.tp}")
-    if lay.pp > 1:
-        out.append(f"--pipeline-parallel-size {lay.pp}")
-    if lay.dp > 1:
-        out.append(f"--data-parallel-size {lay.dp}")
-    if lay.ep > 1:
-        out.append("--enable-expert-parallel")
-    if s.nodes > 1:
-        out += [f"--nnodes {s.nodes}", "--node-rank $NODE_RANK", "--master-addr $HEAD_ADDR"]
+    out = list(_k3serve_parallel(s)[1])
     if s.kv_cache_dtype != "bf16":
         out.append(f"--kv-cache-dtype {s.kv_cache_dtype}")
     return tuple(out)
+
+
+def _k3serve_parallel(s: LaunchSpec) -> tuple[list[str], list[str]]:
+    """(flags k3serve serve honours, flags it cannot yet) for the replica's layout. k3serve splits one replica
+    over tp ranks (experts over the same ranks with --enable-expert-parallel) across hosts; pipeline stages and
+    data-parallel groups whose experts span each other are not there yet."""
+    lay, ok, no = s.layout, [], []
+    if lay.tp > 1:
+        ok.append(f"--tensor-parallel-size {lay.tp}")
+    if lay.pp > 1:
+        no.append(f"--pipeline-parallel-size {lay.pp}")
+    if lay.dp > 1:  # the plan's dp groups share experts (ep = tp x dp); k3serve's dp replicas share nothing yet
+        no.append(f"--data-parallel-size {lay.dp}")
+    if lay.ep > 1:
+        (ok if lay.dp == 1 else no).append("--enable-expert-parallel")
+    if s.nodes > 1:
+        (ok if lay.pp == 1 and lay.dp == 1 else no).extend(
+            [f"--nnodes {s.nodes}", "--node-rank $NODE_RANK", "--master-addr $HEAD_ADDR"])
+    return ok, no
 
 
 def vllm_command(s: LaunchSpec, hf_model: str) -> str:

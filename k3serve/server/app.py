@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from k3serve.chat import chat_format_for
 from k3serve.engine.client import EngineClient
+from k3serve.engine.dp_client import DataParallelClient
 from k3serve.server.access_log import AccessLog
 from k3serve.server.anthropic import (CountTokensRequest, MessagesRequest, anthropic_error_frame, messages_response,
                                       messages_stream)
@@ -44,8 +45,13 @@ def _load_tokenizer(k3: bool):
 
 async def start_state(state: ServerState) -> None:
     cfg = state.config
-    client = EngineClient({"model": cfg.model, **cfg.engine}, max_queued_requests=cfg.max_queued_requests,
-                          startup_timeout_s=cfg.startup_timeout_s, max_restarts=cfg.max_engine_restarts)
+    kwargs = dict(max_queued_requests=cfg.max_queued_requests, startup_timeout_s=cfg.startup_timeout_s,
+                  max_restarts=cfg.max_engine_restarts)
+    spec = {"model": cfg.model, **cfg.engine}
+    if cfg.data_parallel_size > 1:
+        client = DataParallelClient(spec, cfg.data_parallel_size, **kwargs)
+    else:
+        client = EngineClient(spec, **kwargs)
     state.client = client
     tok_k3 = asyncio.create_task(asyncio.to_thread(_load_tokenizer, True))
     ready = await client.start()

@@ -28,12 +28,15 @@ class ServerConfig:
     startup_timeout_s: float = 300.0
     access_log: bool = True  # one line per request (server/access_log.py)
     max_engine_restarts: int = 3  # a dead engine process is restarted this often; then the server exits 1
+    data_parallel_size: int = 1  # engine replicas behind this server (engine/dp_client.py)
 
     def __post_init__(self) -> None:
         if self.api_contract not in (None, *CONTRACTS):
             raise ValueError(f"--api-contract must be one of {', '.join(CONTRACTS)}, got {self.api_contract!r}")
         if self.max_queued_requests < 1:
             raise ValueError(f"--max-queued-requests must be >= 1, got {self.max_queued_requests}")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"--data-parallel-size must be >= 1, got {self.data_parallel_size}")
         if self.max_engine_restarts < 0:
             raise ValueError(f"--max-engine-restarts must be >= 0, got {self.max_engine_restarts}")
 

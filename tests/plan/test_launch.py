@@ -31,7 +31,7 @@ def serve_args(command: str):
 
 
 @pytest.mark.parametrize("argv, needs", [
-    (["--gpu", "H100"], ["--tensor-parallel-size 8", "--pipeline-parallel-size 4", "--nnodes 4"]),
+    (["--gpu", "H100"], ["--pipeline-parallel-size 4", "--nnodes 4"]),
     (["--gpu", "B300", "--context-length", "128k"], ["--enable-expert-parallel"]),
     (["--gpu", "H100", "--model", "k3-default"], []),
     (["--gpu", "H100", "--model", "k3-default", "--kv-cache-dtype", "fp8"], ["--kv-cache-dtype fp8"]),
@@ -63,6 +63,9 @@ def test_parallel_flags_stay_in_the_vllm_and_sglang_lines(capsys):
     out, _ = plan(capsys, "--gpu", "H100")
     assert "--tensor-parallel-size 8" in out["commands"]["vllm"] and "--tp 8" in out["commands"]["sglang"]
     assert "--nnodes 4" in out["commands"]["sglang"]
+    # tensor parallelism is k3serve's own now; the pipeline stages are not
+    assert "--tensor-parallel-size 8" in out["commands"]["k3serve"]
+    assert "--pipeline-parallel-size" not in out["commands"]["k3serve"]
 
 
 @pytest.mark.parametrize("argv, placement", [

@@ -111,11 +111,16 @@ def test_cli_help_and_unsupported_flags(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--api-contract" in out and "--max-model-len" in out and "--allowed-media-domains" in out
-    for flags in (["--tensor-parallel-size", "2"], ["--data-parallel-size", "4"], ["--enable-expert-parallel"],
-                  ["--nnodes", "2"], ["--kv-cache-dtype", "fp8"]):
+    for flags, why in ((["--pipeline-parallel-size", "2"], "not supported yet"),
+                       (["--kv-cache-dtype", "fp8"], "not supported yet"),
+                       (["--tensor-parallel-size", "3"], "cannot be split over 3 ranks"),
+                       (["--nnodes", "2"], "cannot be spread evenly"),
+                       (["-tp", "2", "--nnodes", "2"], "needs --master-addr"),
+                       (["-tp", "2", "--nnodes", "2", "--master-addr", "h", "-dp", "2"], "not supported yet"),
+                       (["-tp", "2", "--nnodes", "2", "--master-addr", "h", "--node-rank", "2"], "--node-rank 2")):
         assert main(["serve", *flags]) != 0
         err = capsys.readouterr().err
-        assert "not supported yet" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (flags, err)
     assert main(["serve", "/no/such/model"]) != 0
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -1,0 +1,69 @@
+"""``CoreSpec``: what an engine-core process (and each of its tensor-parallel ranks) is started with, as JSON
+on its command line; ``build_engine`` makes a rank's ``LLMEngine`` from it, the same way on every rank."""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+
+
+class CoreSpec(msgspec.Struct, frozen=True):
+    model: str
+    input_addr: str
+    output_addr: str
+    dtype: str = "float32"
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    kv_cache_memory: float = 256 * 2**20
+    enable_prefix_caching: bool = True
+    device: str = "cpu"
+    seed: int = 0
+    kv_events_host: str | None = None  # publish KV cache events (engine/kv_events.py) on this host; None: off
+    # keyed events: the secret (core.kv_auth) comes in the environment, never in this spec (it is argv)
+    kv_events_keyed: bool = False
+    log_stats_interval: float = 10.0  # seconds between engine stats lines (engine/stats_log.py); 0: none
+    tensor_parallel_size: int = 1  # ranks of this engine replica; rank 0 is this process (engine/ranks.py)
+    expert_parallel: bool = False
+    nnodes: int = 1  # hosts the ranks span; host 0 runs rank 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: a free local port (one host only)
+    dp_rank: int = 0  # which data-parallel replica this is (picks its GPUs on a shared host)
+
+    def layout(self):
+        from k3serve.core.distributed import ParallelLayout
+
+        tp = self.tensor_parallel_size
+        return ParallelLayout(tp=tp, ep=tp if self.expert_parallel else 1)
+
+    def rank_device(self, rank: int) -> str:
+        """``cuda`` becomes this rank's GPU: replica ``dp_rank`` uses the host's GPUs after the earlier ones'."""
+        if self.device != "cuda" or self.tensor_parallel_size == 1 and self.dp_rank == 0:
+            return self.device
+        per_node = self.tensor_parallel_size // self.nnodes
+        local = int(os.environ.get("LOCAL_RANK", rank % per_node))
+        return f"cuda:{self.dp_rank * per_node + local}"
+
+
+def build_engine(spec: CoreSpec, par=None, group=None, hash_key: bytes = b""):
+    """The ``LLMEngine`` of ``spec`` on this rank; every rank of a replica builds it the same way (``hash_key``,
+    the keyed KV events' block hash key, matters only on rank 0, whose scheduler keeps the prefix cache)."""
+    import torch
+
+    from k3serve.core.distributed import SINGLE
+    from k3serve.engine.config import EngineConfig
+    from k3serve.engine.engine import LLMEngine
+    from k3serve.engine.llm import parse_dtype
+
+    torch.manual_seed(spec.seed)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
+                          kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
+                          max_model_len=spec.max_model_len, hash_key=hash_key)
+    par = par or SINGLE
+    device = spec.rank_device(par.rank)
+    if device.startswith("cuda:"):
+        torch.cuda.set_device(torch.device(device))
+    # token ids only: text and stop strings are the client's job (engine/detokenizer.py)
+    return LLMEngine(spec.model, config=config, dtype=parse_dtype(spec.dtype), device=device, par=par, group=group)

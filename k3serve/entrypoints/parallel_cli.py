@@ -1,0 +1,120 @@
+"""The parallel side of ``k3serve serve``: layout flags checked against the model before anything starts, and
+the worker-only modes (a host with ``--node-rank K > 0``, or a torchrun rank other than 0).
+
+One engine replica spans ``--tensor-parallel-size`` ranks, ``tp / nnodes`` per host; host 0 runs the HTTP
+server and rank 0 (which starts its host's other ranks); host K only starts its ranks and waits.
+``--data-parallel-size D`` runs D such replicas behind the one server (one host only for now).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import time
+
+DEFAULT_MASTER_PORT = 29500
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    par = p.add_argument_group("parallelism (CPU: gloo; CUDA: nccl, one GPU per rank)")
+    par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                     help="ranks one engine replica is split over; this command starts them (or torchrun does)")
+    par.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="must be 1 (not supported yet)")
+    par.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                     help="engine replicas (each its own scheduler, caches and tp ranks); requests go to the "
+                          "least loaded one")
+    par.add_argument("--enable-expert-parallel", action="store_true",
+                     help="whole experts per tp rank instead of every expert split by width")
+    par.add_argument("--nnodes", type=int, default=1, help="hosts the tp ranks span (tp / nnodes ranks each)")
+    par.add_argument("--node-rank", type=int, default=0,
+                     help="this host's index; hosts other than 0 run their ranks only (no HTTP)")
+    par.add_argument("--master-addr", default=None,
+                     help="address of host 0, where the ranks meet (required with --nnodes > 1)")
+    par.add_argument("--master-port", type=int, default=None,
+                     help=f"port on host 0 where the ranks meet (default: a free port on one host, "
+                          f"{DEFAULT_MASTER_PORT} across hosts)")
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun (or any launcher setting RANK and WORLD_SIZE) started it."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"])
+    return None
+
+
+def check_parallel(args: argparse.Namespace, model_config) -> dict:
+    """The CoreSpec fields of the layout flags; a layout that cannot work is one ValueError naming the flag."""
+    from k3serve.core.distributed import ParallelLayout
+
+    tp, dp, nnodes = args.tensor_parallel_size, args.data_parallel_size, args.nnodes
+    if args.pipeline_parallel_size != 1:
+        raise ValueError(f"--pipeline-parallel-size {args.pipeline_parallel_size}: not supported yet")
+    for flag, v in (("--tensor-parallel-size", tp), ("--data-parallel-size", dp), ("--nnodes", nnodes)):
+        if v < 1:
+            raise ValueError(f"{flag} must be >= 1, got {v}")
+    if not 0 <= args.node_rank < nnodes:
+        raise ValueError(f"--node-rank {args.node_rank}: must be in 0..{nnodes - 1} (--nnodes {nnodes})")
+    if tp % nnodes:
+        raise ValueError(f"--tensor-parallel-size {tp} cannot be spread evenly over --nnodes {nnodes}")
+    if nnodes > 1 and dp > 1:
+        raise ValueError("--data-parallel-size with --nnodes > 1: not supported yet (run one server per host)")
+    if nnodes > 1 and args.master_addr is None:
+        raise ValueError("--nnodes > 1 needs --master-addr (the address of host 0, where the ranks meet)")
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        raise ValueError(f"--master-port must be in 1..65535, got {args.master_port}")
+    rank = torchrun_rank()
+    if rank is not None and int(os.environ["WORLD_SIZE"]) != tp:
+        raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but --tensor-parallel-size is "
+                         f"{tp}: the world size must equal it")
+    if rank is not None and dp > 1:
+        raise ValueError("--data-parallel-size with torchrun: not supported (start one torchrun job per replica)")
+    layout = ParallelLayout(tp=tp, ep=tp if args.enable_expert_parallel else 1)
+    text = model_config.text
+    counts = {"attention_heads": text.num_attention_heads, "kda_heads": text.linear_attn.num_heads,
+              "vocab": text.vocab_size}
+    counts["experts" if layout.ep > 1 else "moe_intermediate"] = (
+        text.num_experts if layout.ep > 1 else text.moe_intermediate_size)
+    layout.check(**counts)
+    port = args.master_port or (DEFAULT_MASTER_PORT if nnodes > 1 else None)
+    return {"tensor_parallel_size": tp, "expert_parallel": args.enable_expert_parallel, "nnodes": nnodes,
+            "master_addr": args.master_addr or "127.0.0.1", "master_port": port}
+
+
+def run_ranks_only(config, node_rank: int) -> int:
+    """This host's ranks without HTTP: ``--node-rank K > 0`` starts them as children and waits (exit 0 when
+    rank 0 stopped them, 1 when one failed: the others are stopped too); a torchrun rank > 0 is one itself."""
+    import msgspec
+
+    from k3serve.core.process import Stopped, on_stop_signals
+    from k3serve.engine.core import CoreSpec
+    from k3serve.engine.ranks import host_ranks, spawn_workers
+    from k3serve.engine.worker import run_worker
+
+    spec = CoreSpec(model=config.model, input_addr="", output_addr="", **config.engine)
+    if torchrun_rank() is not None:
+        return run_worker(spec)
+    node = node_rank
+    procs = spawn_workers(msgspec.json.encode(spec).decode(), host_ranks(spec.tensor_parallel_size, spec.nnodes, node),
+                          spec.tensor_parallel_size, spec.master_addr, spec.master_port)
+    print(f"k3serve: host {node} runs tensor-parallel ranks "
+          f"{', '.join(str(r) for r in host_ranks(spec.tensor_parallel_size, spec.nnodes, node))}, meeting at "
+          f"{spec.master_addr}:{spec.master_port}", flush=True)
+    try:
+        with on_stop_signals():
+            while all(p.poll() is None for p in procs):
+                time.sleep(0.2)
+    except Stopped:
+        pass
+    failed = any(p.poll() not in (None, 0) for p in procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return 1 if failed else 0

@@ -1,0 +1,83 @@
+"""In-process HTTP app over real engine processes (rank sets on gloo, 127.0.0.1), and the serving workload
+the parallel layouts must answer identically: concurrent greedy completions with shared prefixes (A, B, A'
+order) under a cache small enough to preempt."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+import pytest
+import torch
+
+MODEL = "k3-tiny-random"
+MAX_NUM_SEQS = 4
+BLOCK_SIZE = 16
+
+
+def cache_budget(blocks: int) -> int:
+    """Bytes for MAX_NUM_SEQS running KDA slots, one snapshot slot and ``blocks`` MLA blocks (the snapshot share
+    of a budget is a quarter: one slot fits while a quarter of the budget is below two slots)."""
+    from k3serve.core.config import ModelConfig
+    from k3serve.models.cache import cache_spec
+    from k3serve.models.kimi import build_model
+    from k3serve.models.registry import packaged_config
+
+    with torch.device("meta"):
+        model = build_model(ModelConfig.from_file(packaged_config("k3-tiny")))
+    spec = cache_spec(model, torch.float32)
+    budget = (MAX_NUM_SEQS + 1) * spec.kda_bytes_per_slot + blocks * BLOCK_SIZE * spec.mla_bytes_per_token
+    assert spec.kda_bytes_per_slot <= budget // 4 < 2 * spec.kda_bytes_per_slot
+    return budget
+
+
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randint(0, 2000, (36,), generator=g).tolist()
+    other = [torch.randint(0, 2000, (n,), generator=g).tolist() for n in (30, 22, 41)]
+    tails = [torch.randint(0, 2000, (n,), generator=g).tolist() for n in (5, 9)]
+    return [shared + tails[0], other[0], shared + tails[1], other[1], shared, other[2]]
+
+
+@contextlib.asynccontextmanager
+async def serving(*, tp: int = 1, dp: int = 1, blocks: int = 7):
+    """(httpx client on the app, app state) for a server with the given layout; everything stopped after."""
+    from k3serve.server.app import build_app, start_state
+    from k3serve.server.state import ServerConfig
+
+    engine = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": 64, "max_model_len": 64,
+              "kv_cache_memory": cache_budget(blocks), "tensor_parallel_size": tp, "log_stats_interval": 0.0}
+    app = build_app(ServerConfig(model=MODEL, engine=engine, data_parallel_size=dp, access_log=False,
+                                 max_engine_restarts=0))
+    state = app.state.k3
+    try:
+        await start_state(state)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://k3",
+                                     timeout=300) as http:
+            yield http, state
+    finally:
+        if state.client is not None:
+            await state.client.shutdown()
+        state.pool.shutdown()
+
+
+async def complete_all(http: httpx.AsyncClient, max_tokens: int = 8) -> list[list[int]]:
+    """Every prompt at once; each greedy completion's tokens (as the server's logprobs name them)."""
+    async def one(p):
+        r = await http.post("/v1/completions", json={"model": MODEL, "prompt": p, "max_tokens": max_tokens,
+                                                      "temperature": 0, "ignore_eos": True, "logprobs": 0})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["logprobs"]["tokens"]
+
+    return list(await asyncio.gather(*(one(p) for p in prompts())))
+
+
+@pytest.fixture(scope="module")
+def single_process_outputs():
+    async def run():
+        async with serving() as (http, state):
+            out = await complete_all(http)
+            return out, state.client.stats
+
+    return asyncio.run(run())
