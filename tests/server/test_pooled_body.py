@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -57,11 +56,10 @@ def test_small_bodies_stay_inline(tokenizer, monkeypatch):
 
 
 def test_oversized_collections_are_refused_before_parsing(tokenizer, monkeypatch):
-    """Messages over --max-messages (413) and logit_bias over 300 entries (400) never reach json.loads (the
+    """Messages over --max-messages (413) and logit_bias over 300 entries (400) are never parsed whole (the
     issue's 200,000 messages and 160,000 entries, scaled down to keep the test fast)."""
     loads = []
-    monkeypatch.setattr(body_module, "json", SimpleNamespace(loads=lambda *a: loads.append(a),
-                                                             JSONDecodeError=json.JSONDecodeError))
+    monkeypatch.setattr(body_module, "_loads", lambda *a: loads.append(a))
     many = json.dumps({**CHAT, "messages": [{"role": "user", "content": "hi"}] * 5000}).encode()
     bias = json.dumps({**CHAT, "logit_bias": {str(t): -1.0 for t in range(10_000)}}).encode()
     assert min(len(many), len(bias)) > INLINE_BODY_BYTES
@@ -75,7 +73,8 @@ DEEP = '{"a":' * 100 + "1" + "}" * 100
 CASES = {  # small invalid bodies; each also sent padded past INLINE_BODY_BYTES
     "int beyond 64 bits": ('"top_k": 18446744073709551616', "/v1/chat/completions"),
     "wrong type": ('"max_tokens": "x"', "/v1/chat/completions"),
-    "NaN": ('"temperature": NaN', "/v1/chat/completions"),
+    "NaN": ('"temperature": NaN', "/v1/chat/completions"),  # NaN, 1e400: json.loads reads them, msgspec does not
+    "1e400": ('"temperature": 1e400', "/v1/chat/completions"),
     "nested 100 deep": (f'"response_format": {DEEP}', "/v1/chat/completions"),
     "missing field": (None, "/v1/chat/completions"),
     "token id beyond 64 bits": ('"tokens": [18446744073709551616]', "/detokenize"),
@@ -113,3 +112,11 @@ def test_large_valid_body_is_served_as_inline(tokenizer):
     assert r_small.status_code == r_large.status_code == 200
     assert r_large.json()["count"] > 50 * r_small.json()["count"] // 2
     assert "m2999" in tokenizer.decode(r_large.json()["tokens"])
+
+
+def test_json_msgspec_refuses_reads_as_inline(tokenizer):
+    """A lone surrogate (which msgspec refuses and Python's parser reads) gives the inline answer when large."""
+    small = b'{"prompt": "a\\ud800b"}'
+    large = small[:-1] + b', "x_pad": "' + PAD.encode() + b'"}'
+    r_small, r_large = asyncio.run(_posts(_app(tokenizer), "/tokenize", [small, large]))
+    assert (r_large.status_code, r_large.json()) == (r_small.status_code, r_small.json())
