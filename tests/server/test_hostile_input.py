@@ -223,7 +223,7 @@ def test_hostile_fields_never_5xx(client, pair, value, more):
     edits = [(field, value)] + [(PATHS[path][i % len(PATHS[path])], v) for i, v in more]
     body = copy.deepcopy(BODIES[path])
     for f, v in edits:
-        mutate(body, f, v)
+        mutate(body, f, copy.deepcopy(v))  # a later edit may write into this value: never into HOSTILE itself
     r = client.post(path, content=encode(body), headers={"content-type": "application/json"})
     check(r, f"{path} {[(f, repr(v)[:80]) for f, v in edits]}")
 
