@@ -11,7 +11,8 @@ with the kind's hostile request(s) in flight; a normal request answered 429 retr
 Retry-After. The hostile requests are built and sent by a separate process, so that neither their
 JSON encoding nor their answers stall the loop that measures /health.
 Prints /health p50/p99/max and the number of polls, the normal requests completed and their wall time,
-and the hostile requests' outcomes and time. Kinds (the issue's findings):
+the hostile requests' outcomes and time, and the polls sent while they were out (count, slowest).
+Kinds (the issue's findings):
   messages    a chat of 200,000 short messages
   tokenize    a 10 MB /tokenize prompt
   image       one 60,000,000-pixel PNG (--image-pixels; needs --model with a vision tower)
@@ -132,10 +133,12 @@ def hostile(kind: str, image_pixels: int, burst: int) -> list[tuple[str, bytes]]
 
 # --- the hostile side: a separate process (ProcessPoolExecutor with one worker keeps these between calls)
 _PREPARED: list[tuple[str, bytes]] = []
+_BURST: list[bool] = [False]  # the overload kind: all at once, streamed
 
 
 def prepare(kind: str, image_pixels: int, burst: int) -> int:
     _PREPARED[:] = hostile(kind, image_pixels, burst)
+    _BURST[0] = kind == "overload"
     return len(_PREPARED)
 
 
@@ -158,7 +161,7 @@ def send(url: str) -> tuple[dict[str, int], float]:
     async def go():
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as c:
-            if len(_PREPARED) > 20:  # the burst: all at once
+            if _BURST[0]:
                 return await asyncio.gather(*(_stream(c, p, b) for p, b in _PREPARED))
             return [str((await c.post(p, content=b, headers=JSON)).status_code) for p, b in _PREPARED]
 
@@ -180,17 +183,19 @@ async def normal(c: httpx.AsyncClient, max_tries: int = 600) -> tuple[int, int]:
 
 async def run_once(url: str, n: int, pool: ProcessPoolExecutor | None) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=600) as c:
-        stop, lat = asyncio.Event(), []
+        stop, lat, during = asyncio.Event(), [], []
 
         async def poll():
             while not stop.is_set():
-                t = time.perf_counter()
+                t, in_flight = time.perf_counter(), bad is not None and not bad.done()
                 await c.get("/health")
                 lat.append(time.perf_counter() - t)
+                if in_flight:  # started while the hostile request was still out
+                    during.append(lat[-1])
                 await asyncio.sleep(0.02)
 
-        poller = asyncio.create_task(poll())
         bad = asyncio.get_running_loop().run_in_executor(pool, send, url) if pool else None
+        poller = asyncio.create_task(poll())
         await asyncio.sleep(0.05 if bad else 0)  # the hostile request first, as in the findings
         t = time.perf_counter()
         codes = await asyncio.gather(*(normal(c) for _ in range(n)))
@@ -202,6 +207,7 @@ async def run_once(url: str, n: int, pool: ProcessPoolExecutor | None) -> dict:
     return {"p50": 1e3 * statistics.median(lat), "p99": 1e3 * lat[int(0.99 * (len(lat) - 1))], "max": 1e3 * lat[-1],
             "polls": len(lat), "normal_s": normal_s, "normal": dict(Counter(code for code, _ in codes)),
             "retries": sum(tries for _, tries in codes), "hostile": outcomes,
+            "during": f"{len(during)} polls max {1e3 * max(during):.0f} ms" if during else "no polls",
             "hostile_s": bad_s}
 
 
@@ -237,7 +243,7 @@ def main() -> int:
                 pool.submit(prepare, kind, args.image_pixels, args.burst).result()
                 for label, hostile_pool in (("alone", None), ("hostile", pool)):
                     r = asyncio.run(run_once(url, args.normal, hostile_pool))
-                    extra = f"{r['hostile']} in {r['hostile_s']:.2f} s" if hostile_pool else ""
+                    extra = f"{r['hostile']} in {r['hostile_s']:.2f} s ({r['during']})" if hostile_pool else ""
                     normal = f"{r['normal'][200]:3d} ok" if set(r["normal"]) == {200} else str(r["normal"])
                     normal += f" ({r['retries']} retries after 429)" if r["retries"] else ""
                     print(f"{kind:<11} {label:<8} {r['p50']:9.1f}ms {r['p99']:6.1f}ms {r['max']:6.0f}ms "
