@@ -21,6 +21,7 @@ from k3serve.engine.dp_client import DataParallelClient
 from k3serve.server.access_log import AccessLog
 from k3serve.server.anthropic import (CountTokensRequest, MessagesRequest, anthropic_error_frame, messages_response,
                                       messages_stream)
+from k3serve.server.body import PooledBodyRoute
 from k3serve.server.chat_request import prepare_chat
 from k3serve.server.chat_serving import chat_response, chat_stream
 from k3serve.server.completion_serving import completion_response, completion_stream, prepare_completion
@@ -63,6 +64,20 @@ async def start_state(state: ServerState) -> None:
         log.warning("chat endpoints disabled for %s: %s; /v1/completions with token ids still works",
                     cfg.names[0], state.no_chat)
     state.metrics = Metrics(cfg.names[0], lambda: client.stats, lambda: client.num_in_flight)
+
+
+def _tokenize_chat(body: TokenizeRequest) -> ChatCompletionRequest:
+    extra = body.model_extra or {}
+    return ChatCompletionRequest(messages=body.messages, **{k: v for k, v in extra.items()
+                                                            if k in ChatCompletionRequest.model_fields})
+
+
+def _detokenize(state: ServerState, tokens: list[int]) -> str:
+    # a 32 MB body holds millions of ids: checked in a worker thread, not on the loop
+    bad = next((t for t in tokens if not 0 <= t < max(state.vocab_size, 163840)), None)
+    if bad is not None:
+        raise ValueError(f"tokens: id {bad} is outside the vocabulary")
+    return state.tokenizer.decode(tokens)
 
 
 class _AuthAndErrors:
@@ -112,6 +127,7 @@ def build_app(config: ServerConfig) -> FastAPI:
     app = FastAPI(title="k3serve", version=VERSION, lifespan=lifespan,
                   description="OpenAI- and Anthropic-compatible server for Kimi K3-class models.")
     app.state.k3 = state
+    app.router.route_class = PooledBodyRoute  # a large body is parsed in the worker pool (server/body.py)
     install_handlers(app)
 
     app.add_middleware(BodyLimit, limit=config.limits.max_body_bytes)  # inside the key check: 401 before 413
@@ -172,10 +188,8 @@ def build_app(config: ServerConfig) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise ValueError("prompt: give exactly one of prompt or messages")
         if body.messages is not None:
-            extra = body.model_extra or {}
-            chat = ChatCompletionRequest(messages=body.messages, **{k: v for k, v in extra.items()
-                                                                    if k in ChatCompletionRequest.model_fields})
-            ids = (await prepare_chat(state, chat)).prompt_ids
+            # validating up to --max-messages messages again: in the pool, like the body's first validation
+            ids = (await prepare_chat(state, await state.pool.run(_tokenize_chat, body))).prompt_ids
         else:
             check_prompt_chars(len(body.prompt), config.limits, "prompt")
             ids = (await state.pool.run(state.tokenizer.encode, body.prompt,
@@ -187,10 +201,7 @@ def build_app(config: ServerConfig) -> FastAPI:
     @app.post("/detokenize", summary="Token ids to text")
     async def detokenize(body: DetokenizeRequest):
         model_name(body.model)
-        bad = next((t for t in body.tokens if not 0 <= t < max(state.vocab_size, 163840)), None)
-        if bad is not None:
-            raise ValueError(f"tokens: id {bad} is outside the vocabulary")
-        return {"prompt": await state.pool.run(state.tokenizer.decode, body.tokens)}
+        return {"prompt": await state.pool.run(_detokenize, state, body.tokens)}
 
     @app.get("/health", summary="200 when the engine process is up, 503 otherwise (starting, restarting, dead)")
     async def health():

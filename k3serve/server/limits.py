@@ -2,8 +2,9 @@
 
 `BodyLimit` refuses a body over `--max-request-body-bytes` before it is parsed (from Content-Length
 at once, or while a chunked body arrives); `check_chat_size` counts messages and text characters
-before rendering. Both answer 413 naming the limit and its flag. `FrontendPool` is the bounded set
-of worker threads that run rendering, tokenizing and image decoding, so the event loop keeps
+before rendering (a large body's message count is checked from its raw JSON first: `server/body.py`).
+Both answer 413 naming the limit and its flag. `FrontendPool` is the bounded set of worker threads
+that parse large bodies and run rendering, tokenizing and image decoding, so the event loop keeps
 answering `/health` and other requests while one heavy request is prepared.
 """
 
@@ -49,14 +50,18 @@ def _text_chars(content: Any) -> int:
 
 def check_chat_size(messages: Sequence[Any], limits: RequestLimits) -> None:
     """Message count and text characters, counted in one pass before anything is rendered."""
-    if len(messages) > limits.max_messages:
-        raise too_large(f"messages: {len(messages)} messages exceed this server's limit of {limits.max_messages} "
-                       "(--max-messages)", "messages")
+    check_message_count(len(messages), limits)
     chars = 0
     for m in messages:
         if isinstance(m, dict):
             chars += _text_chars(m.get("content")) + _text_chars(m.get("reasoning_content"))
     check_prompt_chars(chars, limits, "messages")
+
+
+def check_message_count(count: int, limits: RequestLimits) -> None:
+    if count > limits.max_messages:
+        raise too_large(f"messages: {count} messages exceed this server's limit of {limits.max_messages} "
+                       "(--max-messages)", "messages")
 
 
 def check_prompt_chars(chars: int, limits: RequestLimits, param: str) -> None:
