@@ -1,6 +1,7 @@
 """Through the HTTP app, concurrent greedy completions with prefix caching and preemption on give the same
 tokens with the engine split over processes (gloo on CPU) as in one process: tensor parallel 2 and 4 (rank 0
-broadcasts every step; until the TP layers land each rank runs the whole model) and 2 data-parallel replicas."""
+broadcasts every step; each rank holds its shard: heads, vocabulary, MoE width), tensor + expert parallel 2
+(whole experts spread over the ranks) and 2 data-parallel replicas."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def test_single_process_baseline_preempts_and_hits_the_prefix_cache(single_proce
     assert stats.num_preemptions > 0 and stats.num_prefix_hit_tokens > 0, stats
 
 
-@pytest.mark.parametrize("layout", [{"tp": 2}, {"dp": 2}, {"tp": 4}, {"tp": 2, "dp": 2}],
-                         ids=["tp2", "dp2", "tp4", "tp2dp2"])
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"dp": 2}, {"tp": 4}, {"tp": 2, "dp": 2}, {"tp": 2, "ep": True}],
+                         ids=["tp2", "dp2", "tp4", "tp2dp2", "tp2ep2"])
 def test_parallel_layout_matches_one_process(single_process_outputs, layout):
     async def run():
         async with serving(**layout) as (http, state):
