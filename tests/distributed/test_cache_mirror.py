@@ -1,7 +1,6 @@
-"""Worker ranks keep the same caches as rank 0: after a workload with prefix-cache hits (snapshot -> slot
-copies), snapshots (slot -> snapshot copies) and preemption, every rank's KDA state and conv rows (in logical
-slot order) and MLA blocks hash the same. (Greedy parity alone cannot show this while every rank holds the
-whole model: rank 0 would answer right even if a worker's caches drifted.)"""
+"""Worker ranks number and fill their caches as rank 0 does: after a workload with prefix-cache hits,
+snapshots and preemption, every rank's MLA blocks (the replicated latent cache) hash the same. The KDA rows
+are each rank's own heads; the greedy parity tests show them right (rank 0's logits sum every rank's heads)."""
 
 from __future__ import annotations
 
