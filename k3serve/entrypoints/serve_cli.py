@@ -82,6 +82,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--replicas", type=int, default=1,
                    help="start N replicas (each a server + engine on a free local port) behind a KV-aware "
                         "router on --host/--port")
+    pd = p.add_argument_group("prefill/decode disaggregation (put 'k3serve route --prefill URL --decode URL' in front)")
+    pd.add_argument("--role", choices=["both", "prefill", "decode"], default="both",
+                    help="both: whole requests; prefill: run each prompt to its first token and hold its caches for a "
+                         "decode worker (the response carries kv_transfer_params); decode: also import hand-offs "
+                         "(requests with kv_transfer_params) and decode them")
+    pd.add_argument("--handoff-host", default=None,
+                    help="prefill role: address its hand-off sender binds on a free port (default: --host)")
+    pd.add_argument("--handoff-timeout", type=float, default=30.0,
+                    help="seconds a prefill worker holds a hand-off until the decode side acks it (then frees it), "
+                         "and a decode worker waits for a manifest")
     e = p.add_argument_group("engine")
     e.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     e.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once")
@@ -143,6 +153,11 @@ def server_config(args: argparse.Namespace):
         engine["kv_cache_memory"] = args.gpu_memory_utilization
     if args.kv_events:
         engine["kv_events_host"] = args.host
+    if not args.handoff_timeout > 0:
+        raise ValueError(f"--handoff-timeout must be > 0 seconds, got {args.handoff_timeout}")
+    if args.role != "both":
+        engine |= {"role": args.role, "handoff_host": args.handoff_host or args.host,
+                   "handoff_timeout_s": args.handoff_timeout}
     return ServerConfig(model=path, served_model_names=tuple(args.served_model_name or (args.model,)),
                         api_key=api_key, api_contract=args.api_contract, chat_format=args.chat_format,
                         max_queued_requests=args.max_queued_requests, engine=engine,
