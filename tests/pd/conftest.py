@@ -27,6 +27,12 @@ def tiny():
     return get_model("k3-tiny-random")
 
 
+@pytest.fixture(scope="session")
+def default():
+    """The shipped trained model (k3-default): real activations, not random ones."""
+    return get_model("k3-default")
+
+
 def make_engine(tiny, **cfg) -> LLMEngine:
     model, config = tiny
     cfg.setdefault("kv_cache_memory", 16 * 2**20)

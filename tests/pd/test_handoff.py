@@ -39,6 +39,19 @@ def test_disaggregated_equals_colocated_with_chunked_prefill(tiny, pd, params):
     assert pd.pools_full(p)
 
 
+def test_k3_default_disaggregated_equals_colocated(default, pd):
+    """The trained model, chunked prefill, and a second turn that hits the decode side's prefix cache."""
+    both = pd.make_engine(default, max_num_batched_tokens=16)
+    p, d = pd.make_engine(default, max_num_batched_tokens=16), pd.make_engine(default, max_num_batched_tokens=16)
+    first = pd.prompts(1, 45, 45, seed=21)[0]
+    second = first + pd.prompts(1, 20, 20, seed=22)[0]
+    assert_same(pd.disaggregated(p, d, "a", first, GREEDY), pd.colocated(both, "a", first, GREEDY))
+    pd.prefill(p, "b", second, GREEDY)
+    out, manifest, _ = pd.transfer(p, d, "b", second, GREEDY)
+    assert manifest.start == 32  # d holds the 2 full blocks it imported for "a"
+    assert_same(pd.drain(d, {"b": [out]})["b"], pd.colocated(both, "b", second, GREEDY))
+
+
 def test_decode_side_prefix_hit_skips_the_blocks_it_holds(tiny, pd):
     both, p, d = (pd.make_engine(tiny) for _ in range(3))
     first, second = pd.prompts(2, 40, 40, seed=2)
