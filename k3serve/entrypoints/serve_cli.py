@@ -87,6 +87,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="both: whole requests; prefill: run each prompt to its first token and hold its caches for a "
                          "decode worker (the response carries kv_transfer_params); decode: also import hand-offs "
                          "(requests with kv_transfer_params) and decode them")
+    pd.add_argument("--prefill-replicas", type=int, default=0,
+                    help="with --decode-replicas: start this many '--role prefill' replicas and that many "
+                         "'--role decode' ones on free local ports, behind a prefill/decode router on --host/--port")
+    pd.add_argument("--decode-replicas", type=int, default=0, help="see --prefill-replicas")
     pd.add_argument("--handoff-host", default=None,
                     help="prefill role: address its hand-off sender binds on a free port (default: --host)")
     pd.add_argument("--handoff-timeout", type=float, default=30.0,
@@ -190,6 +194,8 @@ def check_engine_flags(args: argparse.Namespace, model_path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from k3serve.server.app import build_app
 
+    if args.prefill_replicas or args.decode_replicas:
+        return _run_disaggregated(args)
     if args.replicas != 1:
         return _run_replicas(args)
     config = server_config(args)
@@ -284,6 +290,21 @@ def _run_replicas(args: argparse.Namespace) -> int:
     return serve_replicas(replica_argv(args), args.replicas, None, args.host, args.port, args.log_level)
 
 
+def _run_disaggregated(args: argparse.Namespace) -> int:
+    from k3serve.router.launch import serve_disaggregated
+
+    if args.prefill_replicas < 1 or args.decode_replicas < 1:
+        raise ValueError(f"--prefill-replicas and --decode-replicas must both be >= 1, got {args.prefill_replicas} "
+                         f"and {args.decode_replicas}")
+    if args.replicas != 1 or args.role != "both":
+        raise ValueError("--prefill-replicas/--decode-replicas: not with --replicas or --role (they set both)")
+    server_config(args)  # bad flags fail here, once, not in every replica
+    if args.api_key is not None:
+        os.environ[API_KEY_ENV] = args.api_key
+    return serve_disaggregated(replica_argv(args), args.prefill_replicas, args.decode_replicas, args.host,
+                               args.port, args.log_level)
+
+
 def replica_argv(args: argparse.Namespace) -> list[str]:
     """The flags of ``args`` that differ from their defaults, as a ``k3serve serve`` argv for one replica
     (without --host/--port/--replicas/--kv-events, which the launcher sets, nor --api-key, which it passes in
@@ -292,7 +313,8 @@ def replica_argv(args: argparse.Namespace) -> list[str]:
     add_arguments(parser)
     argv: list[str] = []
     for a in parser._actions:
-        if a.dest in ("help", "host", "port", "replicas", "kv_events", "api_key"):
+        if a.dest in ("help", "host", "port", "replicas", "kv_events", "api_key", "prefill_replicas",
+                      "decode_replicas"):
             continue
         value = getattr(args, a.dest)
         if not a.option_strings:
