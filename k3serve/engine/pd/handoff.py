@@ -44,10 +44,24 @@ def _flat_positions(block_ids: list[int], block_size: int, start: int, end: int)
     return torch.tensor(block_ids, dtype=torch.long)[pos // block_size] * block_size + pos % block_size
 
 
-def _zero_state_layers(states: dict[str, torch.Tensor]) -> list[str]:
-    # after >= 1 token a KDA layer's recurrent state is never exactly zero: an all-zero one is a state that
-    # was never written or never transferred (ATOM#2154's failure), so it is refused, not decoded from
-    return [n for n, t in states.items() if n.startswith("kda_state.") and not bool(t.any())]
+def _zeroed_layers(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """KDA layers whose state looks lost (ATOM#2154's "decode ran from a zeroed state"), by value:
+
+    * a recurrent state of all zeros beside a conv window that is not: the window holds the last tokens'
+      inputs, and nonzero inputs always leave a nonzero state, so this state was never written or was lost;
+    * some layers all zero (state and window) while others are not: zero inputs (a prompt of tokens whose
+      embeddings are zero) zero every layer at once, never some.
+    A prompt whose every layer is all zero is legitimate (such a prompt exists for a trained model with
+    unused vocabulary rows) and passes; losing every layer's state and window at once is left to the
+    checksums (in transit) and the parity tests (tests/pd)."""
+    layers = [n.removeprefix("kda_state.") for n in tensors if n.startswith("kda_state.")]
+    state_zero = {i: not bool(tensors[f"kda_state.{i}"].any()) for i in layers}
+    conv_zero = {i: not bool(tensors[f"kda_conv.{i}"].any()) for i in layers}
+    bad = [i for i in layers if state_zero[i] and not conv_zero[i]]
+    silent = [i for i in layers if state_zero[i] and conv_zero[i]]
+    if silent and len(silent) < len(layers):
+        bad += silent
+    return [f"kda_state.{i}" for i in sorted(set(bad), key=int)]
 
 
 def export(engine, request_id: str, held_hashes: list[int], block_size: int) -> tuple[Manifest, list[bytes]]:
@@ -79,13 +93,12 @@ def export(engine, request_id: str, held_hashes: list[int], block_size: int) -> 
         add(f"mla.{i}", cache.view(-1, cache.shape[-1]).index_select(0, rows))
     row = engine.runner.state_rows.rows([req.slot])[0]
     states = {f"kda_state.{i}": t[row] for i, t in caches.kda_state.items()}
-    if bad := _zero_state_layers(states):
+    states |= {f"kda_conv.{i}": t[row] for i, t in caches.kda_conv.items()}
+    if bad := _zeroed_layers(states):
         raise HandoffError(f"hand-off {request_id}: KDA state of {', '.join(bad)} is all zeros after {n} tokens "
-                           "(never written?); refusing to hand it off")
+                           "while the rest is not (never written?); refusing to hand it off")
     for name, t in states.items():
         add(name, t)
-    for i, t in caches.kda_conv.items():
-        add(f"kda_conv.{i}", t[row])
     if req.generator is not None:
         add("generator", req.generator.get_state())
     first_lp = req.logprobs[0] if req.params.logprobs is not None and req.logprobs else None
@@ -144,9 +157,9 @@ def import_manifest(engine, req: Request, manifest: Manifest, payloads: list[byt
     if req.generator is not None:
         expected["generator"] = ((_GENERATOR_BYTES,), torch.uint8)
     tensors = verify(manifest, payloads, fingerprint=engine_fingerprint(engine), expected=expected)
-    if bad := _zero_state_layers(tensors):
+    if bad := _zeroed_layers(tensors):
         raise HandoffError(f"hand-off {manifest.request_id}: KDA state of {', '.join(bad)} arrived all zeros "
-                           f"after {n} tokens; refusing to decode from it")
+                           f"after {n} tokens while the rest did not; refusing to decode from it")
     caches, device = engine.runner.caches, engine.runner.device
     rows = _flat_positions(req.block_ids, bs, held, n).to(device)
     for i, cache in caches.mla.items():
