@@ -66,9 +66,12 @@ class PrefillSide:
         t0 = time.perf_counter()
         try:
             manifest, payloads = export(self.engine, msg.request_id, msg.held_hashes, msg.block_size)
-        except HandoffError as e:
+        except Exception as e:  # noqa: BLE001 - a failed export fails this hand-off, not the process
+            if not isinstance(e, HandoffError):
+                log.exception("hand-off %s: export failed", msg.request_id)
             self.counters.failures += 1
-            self.sender.refuse(peer, msg.request_id, str(e))
+            self.sender.refuse(peer, msg.request_id, str(e) if isinstance(e, HandoffError)
+                               else f"export failed: {type(e).__name__}: {e}")
             return
         self.counters.bytes += self.sender.send(peer, manifest, payloads)
         self.counters.transfers += 1
@@ -135,11 +138,16 @@ class DecodeSide:
             self.fetching[p.remote_id] = p
             self.receiver.fetch(p.address, Fetch(p.remote_id, held_hashes(req), self.engine.blocks.block_size))
         for address, msg, payloads in self.receiver.receive():
-            p = self.fetching.pop(msg.request_id, None)
+            p = self.fetching.get(msg.request_id)
             if p is None or p.address != address:  # aborted meanwhile (the sender was told then), or unasked
                 continue
+            del self.fetching[msg.request_id]
             out.append((p.request_id, self._finish(p, msg, payloads)))
         now = self.clock()
+        while self.waiting and now - self.waiting[0].added > self.timeout_s:
+            p = self.waiting.popleft()  # never a hang: no room within the timeout fails the request
+            out.append((p.request_id, self._fail(p, f"hand-off {p.remote_id}: no room for its caches within "
+                                                    f"{self.timeout_s:.0f}s", reserved=False)))
         for remote, p in list(self.fetching.items()):
             if now - p.fetched > self.timeout_s:
                 del self.fetching[remote]
@@ -153,18 +161,22 @@ class DecodeSide:
         req = self.engine.scheduler.held.get(p.request_id)
         try:
             first = import_manifest(self.engine, req, msg, payloads)
-        except HandoffError as e:
-            return self._fail(p, str(e))
+        except Exception as e:  # noqa: BLE001 - a failed import fails this request, not the process
+            if not isinstance(e, HandoffError):
+                log.exception("hand-off of %s: import failed", p.request_id)
+            return self._fail(p, str(e) if isinstance(e, HandoffError)
+                              else f"import failed: {type(e).__name__}: {e}")
         self.receiver.ack(p.address, Ack(p.remote_id, True))
         self.counters.transfers += 1
         self.counters.bytes += sum(len(x) for x in payloads)
         self.counters.transfer_s += self.clock() - p.fetched
         return first
 
-    def _fail(self, p: _Pending, error: str, *, ack: bool = True) -> str:
+    def _fail(self, p: _Pending, error: str, *, ack: bool = True, reserved: bool = True) -> str:
         log.warning("hand-off of %s failed: %s", p.request_id, error)
         self.counters.failures += 1
-        if ack:
+        if ack:  # the sender frees its copy now, not at its own timeout
             self.receiver.ack(p.address, Ack(p.remote_id, False, error))
-        self.engine.abort_request(p.request_id)
+        if reserved:
+            self.engine.abort_request(p.request_id)
         return error
