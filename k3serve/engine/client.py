@@ -36,6 +36,7 @@ from k3serve.engine.messages import (
     AbortRequest,
     AddRequest,
     Fatal,
+    HandoffSource,
     ImageData,
     Output,
     Outputs,
@@ -255,10 +256,12 @@ class EngineClient:
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                        grammar: str | None = None, logit_bias: dict[int, float] | None = None,
-                       images: Sequence[ImageData] = ()) -> AsyncIterator[Output]:
+                       images: Sequence[ImageData] = (),
+                       handoff: HandoffSource | None = None) -> AsyncIterator[Output]:
         """Yield the request's step outputs until it finishes; leaving early aborts it in the engine.
         ``params`` are one sample's (n = 1: ``fan_out`` expands n); ``images`` fill the prompt's media
-        placeholder spans. Raises EngineDead, or ValueError when the engine refuses the request."""
+        placeholder spans; ``handoff`` (decode role) imports the prompt's caches from a prefill worker instead
+        of computing them. Raises EngineDead, or ValueError when the engine refuses the request."""
         if not self.alive:
             raise EngineDead(self.dead_reason or "the engine is not ready")
         # admitted requests reserved their slots (check_admission); this only stops unadmitted callers
@@ -272,7 +275,7 @@ class EngineClient:
         finished = False
         try:
             await self._push.send(encode(AddRequest(request_id, list(prompt_token_ids), params, grammar,
-                                                    dict(logit_bias or {}), list(images))))
+                                                    dict(logit_bias or {}), list(images), handoff)))
             while not finished:
                 item = await q.get()
                 if isinstance(item, Exception):

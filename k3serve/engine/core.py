@@ -32,6 +32,7 @@ from k3serve.engine.messages import (
     Stats,
     encode,
     to_engine_decoder,
+    to_output,
 )
 from k3serve.engine.stats_log import StatsLogger
 
@@ -64,15 +65,16 @@ def image_input(d: ImageData):
     return ImageInput(d.offset, d.length, pixel_patches=pixels, grid_thw=tuple(d.grid_thw))
 
 
-def _stats(engine) -> Stats:
+def _stats(engine, pd=None) -> Stats:
     s = engine.stats()
+    extra = pd.stats() if pd is not None else {}
     return Stats(num_running=s.num_running, num_waiting=s.num_waiting, num_blocks=s.num_blocks,
                  num_blocks_used=s.num_blocks_used, num_blocks_cached=s.num_blocks_cached,
                  num_snapshot_slots=s.num_snapshot_slots, num_snapshots=s.num_snapshots,
                  num_admitted_tokens=s.num_admitted_tokens, num_prefix_hit_tokens=s.num_prefix_hit_tokens,
                  num_computed_tokens=s.num_computed_tokens, num_generated_tokens=s.num_generated_tokens,
                  num_preemptions=s.num_preemptions, num_steps=s.num_steps,
-                 num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running)
+                 num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running, **extra)
 
 
 def _kv_events_key(spec: CoreSpec):
@@ -104,17 +106,22 @@ class EngineCore:
             from k3serve.engine.kv_events import KVEventPublisher
 
             self.kv_events = KVEventPublisher(self.engine, spec.kv_events_host, key)
+        from k3serve.engine.pd.role import PDRole
+
+        self.pd = PDRole(self.engine, spec.role, host=spec.handoff_host, timeout_s=spec.handoff_timeout_s)
 
     def ready(self) -> Ready:
         mc = self.engine.model_config
         return Ready(model_type=mc.model_type, vocab_size=self.engine.vocab_size,
                      max_model_len=self.engine.max_model_len, eos_token_ids=list(self.engine.eos_token_ids),
-                     media_placeholder_token_id=mc.media_placeholder_token_id, stats=_stats(self.engine),
+                     media_placeholder_token_id=mc.media_placeholder_token_id, stats=_stats(self.engine, self.pd),
                      kv_events=self.kv_events.info if self.kv_events is not None else None,
                      supports_images=self.engine.supports_images)
 
     def handle(self, msg) -> list[Output]:
         if isinstance(msg, AddRequest):
+            if msg.handoff is not None:
+                return self.pd.add(msg)
             if not self.guide.compiled(msg.grammar):  # a fresh grammar compiles aside; the batch keeps stepping
                 self.compiling[msg.request_id] = (msg, self.guide.compile_later(msg.grammar))
                 return []
@@ -122,6 +129,7 @@ class EngineCore:
         if isinstance(msg, AbortRequest):
             for rid in msg.request_ids:
                 if self.compiling.pop(rid, None) is None:
+                    self.pd.abort(rid)
                     self.engine.abort_request(rid)
         return []
 
@@ -129,7 +137,8 @@ class EngineCore:
         try:
             proc = self.guide.processor(msg.grammar, dict(msg.logit_bias), msg.request_id, template)
             self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params,
-                                    images=[image_input(d) for d in msg.images], logits_processor=proc)
+                                    images=[image_input(d) for d in msg.images], logits_processor=proc,
+                                    prefill_only=self.pd.prefill_only)
         except (ValueError, TypeError) as e:  # refused: the client raises it for this request
             return [Output(msg.request_id, [], finished=True, error=str(e))]
         return []
@@ -170,15 +179,7 @@ class EngineCore:
         items = [Output(rid, [], finished=True, error=f"grammar: the structured-output engine gave up on this "
                                                          f"schema, so the output cannot follow it ({why})")
                  for rid, why in failed.items()]
-        for o in outs:
-            if o.request_id in failed:
-                continue
-            n = len(o.delta_token_ids)
-            lps = o.logprobs[-n:] if o.logprobs is not None and n else None
-            stop = o.stop_reason if isinstance(o.stop_reason, int) else None
-            items.append(Output(o.request_id, list(o.delta_token_ids), finished=o.finished,
-                                finish_reason=o.finish_reason, stop_reason=stop, logprobs=lps,
-                                num_prompt_tokens=len(o.prompt_token_ids), num_cached_tokens=o.num_cached_tokens))
+        items += [to_output(o, self.pd.ticket(o.request_id)) for o in outs if o.request_id not in failed]
         return items
 
 
@@ -220,6 +221,7 @@ def serve(spec: CoreSpec) -> int:
     finally:
         if core.kv_events is not None:
             core.kv_events.close()
+        core.pd.close()
         pull.close(0)
         push.close(0)
         ctx.term()
@@ -228,13 +230,13 @@ def serve(spec: CoreSpec) -> int:
 def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
     engine = core.engine
     last_beat = 0.0
-    stats_logger = StatsLogger(spec.log_stats_interval, _stats(engine), time.monotonic())
+    stats_logger = StatsLogger(spec.log_stats_interval, _stats(engine, core.pd), time.monotonic())
     while True:
         busy = engine.has_unfinished_requests()
         outputs: list[Output] = []
         # while only grammars compile, wake often to admit them; never spin
         wait = 0 if busy else COMPILE_POLL_MS if core.compiling else int(HEARTBEAT_S * 1000)
-        if _poll(pull, core.kv_events, wait):
+        if _poll(pull, core.kv_events, core.pd.sockets(), wait):
             while True:
                 try:
                     raw = pull.recv(zmq.NOBLOCK)
@@ -246,15 +248,17 @@ def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
                 outputs += core.handle(msg)
         if core.compiling:
             outputs += core.admit_compiled()
+        outputs += core.pd.pump()
         if engine.has_unfinished_requests():
             outputs += core.step()
+        core.pd.pump()  # a prefill hand-off is held (and fetchable) from the step that sampled its token
         if core.kv_events is not None:
             core.kv_events.pump()
         now = time.monotonic()
         if core.group is not None and not busy and now - last_beat >= HEARTBEAT_S:
             core.group.send_noop()  # idle workers wait in a broadcast: keep it short of its timeout
         if outputs or now - last_beat >= HEARTBEAT_S:
-            stats = _stats(engine)
+            stats = _stats(engine, core.pd)
             push.send(encode(Outputs(outputs, stats)))
             if (line := stats_logger.update(stats, now)) is not None:
                 stats_log.info(line)
@@ -263,13 +267,16 @@ def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
                 return 0
 
 
-def _poll(pull, kv_events, timeout_ms: int) -> bool:
-    """Wait for client messages (True when some are there); a KV state request also ends the wait."""
-    if kv_events is None:
+def _poll(pull, kv_events, handoff_sockets: list, timeout_ms: int) -> bool:
+    """Wait for client messages (True when some are there); a KV state request or a hand-off message also
+    ends the wait."""
+    if kv_events is None and not handoff_sockets:
         return bool(pull.poll(timeout_ms))
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
-    poller.register(kv_events.requests, zmq.POLLIN)
+    extra = handoff_sockets if kv_events is None else [kv_events.requests, *handoff_sockets]
+    for s in extra:
+        poller.register(s, zmq.POLLIN)
     return pull in dict(poller.poll(timeout_ms))
 
 

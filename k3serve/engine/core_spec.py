@@ -24,6 +24,9 @@ class CoreSpec(msgspec.Struct, frozen=True):
     # keyed events: the secret (core.kv_auth) comes in the environment, never in this spec (it is argv)
     kv_events_keyed: bool = False
     log_stats_interval: float = 10.0  # seconds between engine stats lines (engine/stats_log.py); 0: none
+    role: str = "both"  # prefill | decode | both (engine/pd/role.py)
+    handoff_host: str = "127.0.0.1"  # prefill role: where its hand-off sender listens (a random port)
+    handoff_timeout_s: float = 30.0  # a hand-off not acked (prefill) or not answered (decode) by then is dropped
     tensor_parallel_size: int = 1  # ranks of this engine replica; rank 0 is this process (engine/ranks.py)
     expert_parallel: bool = False
     nnodes: int = 1  # hosts the ranks span; host 0 runs rank 0

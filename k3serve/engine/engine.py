@@ -28,7 +28,9 @@ from k3serve.engine.model_runner import ModelRunner, StepResult
 from k3serve.engine.multimodal import ImageInput, check_images
 from k3serve.engine.outputs import RequestOutput
 from k3serve.engine.prefix_cache import HybridPrefixCache, NoPrefixCache
-from k3serve.engine.request import Batch, Request
+from k3serve.engine.request import Batch, Request, RequestStatus
+
+HELD = RequestStatus.HELD
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.engine.scheduler import Scheduler
 from k3serve.engine.state_pool import StatePool
@@ -133,10 +135,14 @@ class LLMEngine:
         self.runner.execute(s)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-                    images: Sequence[ImageInput] = (), logits_processor: LogitsProcessor | None = None) -> Request:
+                    images: Sequence[ImageInput] = (), logits_processor: LogitsProcessor | None = None,
+                    prefill_only: bool = False) -> Request:
         """Queue a request. ``images`` fill spans of media placeholder ids in the prompt (models with a vision
-        tower only); ``logits_processor`` edits this request's logits before each sampling step."""
+        tower only); ``logits_processor`` edits this request's logits before each sampling step;
+        ``prefill_only`` (prefill role) stops after the first token and holds the caches for ``engine/pd``."""
         self.validate_prompt(prompt_token_ids, params)
+        if prefill_only:
+            check_handoff_support(params, bool(images), logits_processor is not None)
         if logits_processor is not None and not isinstance(logits_processor, LogitsProcessor):
             raise ValueError("logits_processor: must have prepare(output_token_ids) and apply(logits) methods")
         checked = check_images(images, prompt_token_ids, self.model_config)
@@ -144,7 +150,7 @@ class LLMEngine:
             raise ValueError("images: this model object has no vision tower (embed_images)")
         req = Request(request_id, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids,
                       max_model_len=self.max_model_len, arrival=self._arrivals, images=checked,
-                      logits_processor=logits_processor)
+                      logits_processor=logits_processor, prefill_only=prefill_only)
         self._arrivals += 1
         self.scheduler.add(req)
         return req
@@ -203,11 +209,21 @@ class LLMEngine:
     def _output(self, req: Request, new_tokens: list[int]) -> RequestOutput:
         return RequestOutput(
             request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, token_ids=req.output_token_ids,
-            delta_token_ids=new_tokens, finished=req.is_finished,
+            delta_token_ids=new_tokens, finished=req.is_finished or req.prefill_only and req.status is HELD,
             finish_reason=req.finish_reason, stop_reason=req.stop_reason,
             logprobs=req.logprobs if req.params.logprobs is not None else None,
             prompt_logprobs=req.prompt_logprobs if req.wants_prompt_logprobs else None,
             num_cached_tokens=req.num_prefix_hit_tokens)
+
+
+def check_handoff_support(params: SamplingParams, has_images: bool, has_processor: bool) -> None:
+    """Refuse, in one line, what a prefill/decode hand-off does not carry yet (rather than answer wrongly)."""
+    if params.prompt_logprobs is not None:
+        raise ValueError("prompt_logprobs: not supported with prefill/decode disaggregation yet")
+    if has_images:
+        raise ValueError("images: not supported with prefill/decode disaggregation yet")
+    if has_processor:
+        raise ValueError("structured outputs and logit_bias: not supported with prefill/decode disaggregation yet")
 
 
 def record_prompt_logprobs(req: Request, start: int, chunk: list[dict[int, float]]) -> None:

@@ -32,6 +32,14 @@ class ImageData(msgspec.Struct, frozen=True):
     grid_thw: list[int]
 
 
+class HandoffSource(msgspec.Struct, frozen=True):
+    """Where a prefill worker holds a request's caches for hand-off (``engine/pd``): its sender address and
+    the request's id there."""
+
+    address: str
+    request_id: str
+
+
 class AddRequest(msgspec.Struct, tag="add", frozen=True):
     request_id: str
     prompt_token_ids: list[int]
@@ -39,6 +47,7 @@ class AddRequest(msgspec.Struct, tag="add", frozen=True):
     grammar: str | None = None  # an llguidance grammar (Lark text); the engine masks logits with it
     logit_bias: dict[int, float] = {}
     images: list[ImageData] = []
+    handoff: HandoffSource | None = None  # decode role: import the prompt's caches from there, then decode
 
 
 class AbortRequest(msgspec.Struct, tag="abort", frozen=True):
@@ -70,6 +79,12 @@ class Stats(msgspec.Struct, frozen=True):
     num_steps: int = 0
     num_free_slots: int = 0
     num_slots: int = 0
+    num_held: int = 0  # requests holding caches outside the running set (hand-offs in progress)
+    handoff_transfers: int = 0  # prefill: manifests sent; decode: manifests imported
+    handoff_failures: int = 0
+    handoff_bytes: int = 0
+    handoff_transfer_s: float = 0.0
+    handoff_queue_s: float = 0.0  # prefill: held until acked; decode: waiting for room before fetching
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):
@@ -98,6 +113,7 @@ class Output(msgspec.Struct, frozen=True):
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    handoff: HandoffSource | None = None  # prefill role: the request's caches wait there for a decode worker
 
 
 class Outputs(msgspec.Struct, tag="outputs", frozen=True):
@@ -110,6 +126,16 @@ class Fatal(msgspec.Struct, tag="fatal", frozen=True):
 
 
 FromEngine = Ready | Outputs | Fatal
+
+def to_output(o, handoff: HandoffSource | None = None) -> Output:
+    """The wire form of one step's ``engine.outputs.RequestOutput``: its new tokens and their logprobs."""
+    n = len(o.delta_token_ids)
+    lps = o.logprobs[-n:] if o.logprobs is not None and n else None
+    stop = o.stop_reason if isinstance(o.stop_reason, int) else None
+    return Output(o.request_id, list(o.delta_token_ids), finished=o.finished, finish_reason=o.finish_reason,
+                  stop_reason=stop, logprobs=lps, num_prompt_tokens=len(o.prompt_token_ids),
+                  num_cached_tokens=o.num_cached_tokens, handoff=handoff)
+
 
 _enc = msgspec.msgpack.Encoder()
 to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)

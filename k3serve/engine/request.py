@@ -28,6 +28,8 @@ from k3serve.engine.sampling_params import SamplingParams
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    HELD = "held"  # holds its slot and blocks outside the running set: a prefill hand-off awaiting its ack,
+    # or a decode-side import awaiting its manifest (engine/pd)
     FINISHED = "finished"
 
 
@@ -41,6 +43,7 @@ class Request:
     arrival: int = 0  # FCFS order
     images: tuple[ImageInput, ...] = ()  # sorted by offset, checked against the prompt
     logits_processor: LogitsProcessor | None = None
+    prefill_only: bool = False  # prefill role: stop after the first token and hold the caches for hand-off
     image_embeds: list[torch.Tensor] | None = field(init=False, default=None)  # per image, computed once
     token_ids: list[int] = field(init=False)
     status: RequestStatus = field(init=False, default=RequestStatus.WAITING)

@@ -11,6 +11,11 @@ With prefix caching on, prefill chunks end on snapshot positions (the block-alig
 every ``state_cache_interval`` tokens) so that the KDA state after the chunk is exactly the state at that
 position; decoding requests keep one pending snapshot at their latest block boundary, published when they
 leave (the state a follow-up turn of the conversation resumes from).
+
+Prefill/decode disaggregation (``engine/pd``): a ``prefill_only`` request is *held* after its first token
+(off the running list, keeping its slot and blocks) until the decode side acknowledges the hand-off; on the
+decode side an import is held from its reservation until its manifest arrives. Held requests count against
+``max_num_seqs`` like running ones.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class Scheduler:
         self.block_size = blocks.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.held: dict[str, Request] = {}  # status HELD: hand-offs pinned on the prefill side, imports pending
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self.num_admitted_tokens = 0  # tokens of admitted requests (prefix-cache queries)
@@ -62,7 +68,7 @@ class Scheduler:
             self._schedule(batch, req, n)
             budget -= n
         while (self.waiting and budget > 0 and self.num_preemptions == preemptions_before
-               and len(self.running) < self.max_num_seqs and self._admit(batch, self.waiting[0], budget)):
+               and len(self.running) + len(self.held) < self.max_num_seqs and self._admit(batch, self.waiting[0], budget)):
             budget -= batch.num_new_tokens[-1]
         return batch
 
@@ -80,6 +86,9 @@ class Scheduler:
             self.cache.cache_blocks(req)
             if token is not None:
                 req.token_ids.append(token)
+                if req.prefill_only:  # the decode side applies the stop rules to this token
+                    self._hold(req)
+                    continue
                 reason = stop_reason(req)
                 if reason is not None:
                     self.finish(req, reason)
@@ -89,6 +98,9 @@ class Scheduler:
             return
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
+            self._release(req)
+        elif req.status is RequestStatus.HELD:
+            del self.held[req.request_id]
             self._release(req)
         else:
             self.waiting.remove(req)
@@ -100,6 +112,30 @@ class Scheduler:
         if req is not None:
             self.finish(req, "abort")
         return req
+
+    def has_room(self) -> bool:
+        """Whether one more request may hold a running slot now."""
+        return len(self.running) + len(self.held) < self.max_num_seqs
+
+    def hold_import(self, req: Request) -> None:
+        """Track a decode-side import whose slot and blocks the caller has reserved (``req.slot``,
+        ``req.block_ids``) until ``resume`` or ``finish``."""
+        if req.request_id in self.requests:
+            raise ValueError(f"request_id: {req.request_id!r} is already in the engine")
+        self.requests[req.request_id] = req
+        self._hold(req)
+
+    def resume(self, req: Request) -> None:
+        """A held import whose caches are filled joins the running requests (it decodes from the next step)."""
+        del self.held[req.request_id]
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+
+    def _hold(self, req: Request) -> None:
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        req.status = RequestStatus.HELD
+        self.held[req.request_id] = req
 
     def _chunk(self, req: Request, budget: int) -> int:
         """Tokens to compute for ``req`` now: what is left, within the budget, ending on a snapshot point."""

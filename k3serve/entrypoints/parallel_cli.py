@@ -46,7 +46,8 @@ def torchrun_rank() -> int | None:
 
 def check_parallel(args: argparse.Namespace, model_config) -> dict:
     """The CoreSpec fields of the layout flags; a layout that cannot work is one ValueError naming the flag."""
-    from k3serve.core.distributed import ParallelLayout
+    from k3serve.core.distributed import Parallel, ParallelLayout
+    from k3serve.models.kimi import check_layout
 
     tp, dp, nnodes = args.tensor_parallel_size, args.data_parallel_size, args.nnodes
     if args.pipeline_parallel_size != 1:
@@ -70,13 +71,11 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
                          f"{tp}: the world size must equal it")
     if rank is not None and dp > 1:
         raise ValueError("--data-parallel-size with torchrun: not supported (start one torchrun job per replica)")
-    layout = ParallelLayout(tp=tp, ep=tp if args.enable_expert_parallel else 1)
-    text = model_config.text
-    counts = {"attention_heads": text.num_attention_heads, "kda_heads": text.linear_attn.num_heads,
-              "vocab": text.vocab_size}
-    counts["experts" if layout.ep > 1 else "moe_intermediate"] = (
-        text.num_experts if layout.ep > 1 else text.moe_intermediate_size)
-    layout.check(**counts)
+    if getattr(args, "role", "both") != "both" and tp > 1:
+        raise ValueError(f"--role {args.role} with --tensor-parallel-size {tp}: not supported yet (a hand-off "
+                         "carries one rank's KDA heads)")
+    # the model's own check (heads, KDA heads, vocabulary, MLP and MoE widths or experts), before any rank starts
+    check_layout(model_config, Parallel(ParallelLayout(tp=tp, ep=tp if args.enable_expert_parallel else 1)))
     port = args.master_port or (DEFAULT_MASTER_PORT if nnodes > 1 else None)
     return {"tensor_parallel_size": tp, "expert_parallel": args.enable_expert_parallel, "nnodes": nnodes,
             "master_addr": args.master_addr or "127.0.0.1", "master_port": port}

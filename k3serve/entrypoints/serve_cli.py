@@ -110,6 +110,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--replicas", type=int, default=1,
                    help="start N replicas (each a server + engine on a free local port) behind a KV-aware "
                         "router on --host/--port")
+    pd = p.add_argument_group("prefill/decode disaggregation (put 'k3serve route --prefill URL --decode URL' in front)")
+    pd.add_argument("--role", choices=["both", "prefill", "decode"], default="both",
+                    help="both: whole requests; prefill: run each prompt to its first token and hold its caches for a "
+                         "decode worker (the response carries kv_transfer_params); decode: also import hand-offs "
+                         "(requests with kv_transfer_params) and decode them")
+    pd.add_argument("--prefill-replicas", type=int, default=0,
+                    help="with --decode-replicas: start this many '--role prefill' replicas and that many "
+                         "'--role decode' ones on free local ports, behind a prefill/decode router on --host/--port")
+    pd.add_argument("--decode-replicas", type=int, default=0, help="see --prefill-replicas")
+    pd.add_argument("--handoff-host", default=None,
+                    help="prefill role: address its hand-off sender binds on a free port (default: --host)")
+    pd.add_argument("--handoff-timeout", type=float, default=30.0,
+                    help="seconds a prefill worker holds a hand-off until the decode side acks it (then frees it), "
+                         "and a decode worker waits for a manifest")
     e = p.add_argument_group("engine")
     e.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     e.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once")
@@ -166,6 +180,11 @@ def server_config(args: argparse.Namespace):
     if args.kv_events:
         engine["kv_events_host"] = args.kv_events_host
         engine["kv_events_keyed"] = keyed
+    if not args.handoff_timeout > 0:
+        raise ValueError(f"--handoff-timeout must be > 0 seconds, got {args.handoff_timeout}")
+    if args.role != "both":
+        engine |= {"role": args.role, "handoff_host": args.handoff_host or args.host,
+                   "handoff_timeout_s": args.handoff_timeout}
     return ServerConfig(model=path, served_model_names=tuple(args.served_model_name or (args.model,)),
                         api_key=api_key, api_contract=args.api_contract, chat_format=args.chat_format,
                         max_queued_requests=args.max_queued_requests, engine=engine,
@@ -215,6 +234,8 @@ def check_engine_flags(args: argparse.Namespace, model_path: str) -> dict:
 def run(args: argparse.Namespace) -> int:
     from k3serve.server.app import build_app
 
+    if args.prefill_replicas or args.decode_replicas:
+        return _run_disaggregated(args)
     if args.replicas != 1:
         return _run_replicas(args)
     config = server_config(args)
@@ -321,6 +342,21 @@ def _run_replicas(args: argparse.Namespace) -> int:
                           kv_events_secret=secret)
 
 
+def _run_disaggregated(args: argparse.Namespace) -> int:
+    from k3serve.router.launch import serve_disaggregated
+
+    if args.prefill_replicas < 1 or args.decode_replicas < 1:
+        raise ValueError(f"--prefill-replicas and --decode-replicas must both be >= 1, got {args.prefill_replicas} "
+                         f"and {args.decode_replicas}")
+    if args.replicas != 1 or args.role != "both":
+        raise ValueError("--prefill-replicas/--decode-replicas: not with --replicas or --role (they set both)")
+    server_config(args)  # bad flags fail here, once, not in every replica
+    if args.api_key is not None:
+        os.environ[API_KEY_ENV] = args.api_key
+    return serve_disaggregated(replica_argv(args), args.prefill_replicas, args.decode_replicas, args.host,
+                               args.port, args.log_level)
+
+
 def replica_argv(args: argparse.Namespace) -> list[str]:
     """The flags of ``args`` that differ from their defaults, as a ``k3serve serve`` argv for one replica
     (without --host/--port/--replicas/--kv-events/--kv-events-host, which the launcher sets, nor --api-key and
@@ -330,7 +366,7 @@ def replica_argv(args: argparse.Namespace) -> list[str]:
     argv: list[str] = []
     for a in parser._actions:
         if a.dest in ("help", "host", "port", "replicas", "kv_events", "kv_events_host", "kv_events_key_file",
-                      "api_key"):
+                      "api_key", "prefill_replicas", "decode_replicas"):
             continue
         value = getattr(args, a.dest)
         if not a.option_strings:

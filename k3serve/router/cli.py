@@ -1,6 +1,7 @@
 """``k3serve route``: the KV-cache-aware router, live or on a trace.
 
     k3serve route --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002 --port 8000 [--policy kv]
+    k3serve route --prefill http://127.0.0.1:8001 --decode http://127.0.0.1:8002 --port 8000
     k3serve route simulate --trace FILE --replicas N --policy kv [--cache-blocks 10%] [--json] [--compare]
 
 Replicas should run ``k3serve serve ... --kv-events`` (``k3serve serve --replicas N`` does all of it); if
@@ -35,6 +36,12 @@ _TABLE_ROWS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replica", action="append", default=[], metavar="URL",
                         help="a replica's base URL (repeat for each); replicas should run 'k3serve serve --kv-events'")
+    parser.add_argument("--prefill", action="append", default=[], metavar="URL",
+                        help="prefill/decode mode: a prefill worker's base URL ('k3serve serve --role prefill'; "
+                             "repeat for each); needs --decode too")
+    parser.add_argument("--decode", action="append", default=[], metavar="URL",
+                        help="prefill/decode mode: a decode worker's base URL ('k3serve serve --role decode'; "
+                             "repeat for each); the least loaded one continues each request")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=int, default=8000, help="port to bind")
     parser.add_argument("--policy", default="kv", help=f"routing policy: {', '.join(POLICIES)} (default kv)")
@@ -89,10 +96,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="multiply arrival times (0.5 = twice the request rate; default 1)")
 
 
+def _run_disaggregated(args: argparse.Namespace) -> int:
+    from k3serve.router.disagg import DisaggConfig, serve
+
+    if args.replica:
+        raise ValueError("--replica: not with --prefill/--decode (a worker has one role there)")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    config = DisaggConfig(prefill=tuple(args.prefill), decode=tuple(args.decode))
+    print(f"k3serve: routing {len(config.prefill)} prefill -> {len(config.decode)} decode workers on "
+          f"http://{args.host}:{args.port}", flush=True)
+    serve(config, args.host, args.port, args.log_level)
+    return 0
+
+
 def _run_live(args: argparse.Namespace) -> int:
     from k3serve.core.kv_auth import load_secret
     from k3serve.router.proxy import RouterConfig, serve
 
+    if args.prefill or args.decode:
+        return _run_disaggregated(args)
     if not args.replica:
         print("k3serve route: give at least one --replica URL (or use 'k3serve route simulate')", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
 """``k3serve serve --replicas N``: N local replicas (each ``k3serve serve`` = HTTP server + engine
 process, on a free port of 127.0.0.1, publishing KV events on loopback, keyed with a secret the caller puts
 in their environment) behind the KV-aware router.
+``k3serve serve --prefill-replicas P --decode-replicas D``: P replicas with ``--role prefill`` and D with
+``--role decode`` behind the prefill/decode router (``router/disagg.py``).
 
 A replica that exits while the router runs (its engine gone past its own restarts, a crash, a kill) is
 reaped at once and started again on the same port, at most REPLICA_RESTARTS times each; the router
@@ -72,7 +74,7 @@ def stop_replicas(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-async def supervise(procs: list[subprocess.Popen], serve_argv: list[str], ports: list[int],
+async def supervise(procs: list[subprocess.Popen], argvs: list[list[str]], ports: list[int],
                     restarts: int = REPLICA_RESTARTS, interval_s: float = SUPERVISE_INTERVAL_S) -> None:
     """Reap replicas that exited (no zombies) and start them again, ``restarts`` times each at most.
     Runs on the main thread's event loop: a replica started here still dies with this process."""
@@ -89,7 +91,7 @@ async def supervise(procs: list[subprocess.Popen], serve_argv: list[str], ports:
             used[i] += 1
             log.warning("replica on port %d exited (code %d): restarting it (%d of %d)", ports[i], p.returncode,
                         used[i], restarts)
-            procs[i] = start_replica(serve_argv, ports[i])
+            procs[i] = start_replica(argvs[i], ports[i])
 
 
 def serve_replicas(serve_argv: list[str], replicas: int, config: RouterConfig | None, host: str, port: int,
@@ -98,20 +100,43 @@ def serve_replicas(serve_argv: list[str], replicas: int, config: RouterConfig | 
     """Start the replicas, wait until all are healthy, then run the router until it is stopped
     (exit code 0 after SIGTERM/SIGHUP, 130 after SIGINT). The replicas read ``kv_events_secret`` from
     K3SERVE_KV_EVENTS_KEY in the environment they inherit; the router (``config`` None) is given it."""
-    ports = [free_port() for _ in range(replicas)]
+
+    def route(urls: list[str], beside) -> None:
+        cfg = RouterConfig(replicas=tuple(urls), kv_events_secret=kv_events_secret) if config is None else config
+        print(f"k3serve: {replicas} replicas ({', '.join(urls)}) behind a {cfg.policy} router on "
+              f"http://{host}:{port}", flush=True)
+        serve(cfg, host, port, log_level, beside=beside)
+
+    return _launch([serve_argv] * replicas, route, startup_timeout_s)
+
+
+def serve_disaggregated(serve_argv: list[str], num_prefill: int, num_decode: int, host: str, port: int,
+                        log_level: str = "warning", startup_timeout_s: float = 600.0) -> int:
+    """``num_prefill`` prefill and ``num_decode`` decode replicas behind the prefill/decode router."""
+    from k3serve.router import disagg
+
+    argvs = [[*serve_argv, "--role", "prefill"]] * num_prefill + [[*serve_argv, "--role", "decode"]] * num_decode
+
+    def route(urls: list[str], beside) -> None:
+        cfg = disagg.DisaggConfig(prefill=tuple(urls[:num_prefill]), decode=tuple(urls[num_prefill:]))
+        print(f"k3serve: prefill {', '.join(cfg.prefill)} -> decode {', '.join(cfg.decode)} behind a "
+              f"prefill/decode router on http://{host}:{port}", flush=True)
+        disagg.serve(cfg, host, port, log_level, beside=beside)
+
+    return _launch(argvs, route, startup_timeout_s)
+
+
+def _launch(argvs: list[list[str]], route, startup_timeout_s: float) -> int:
+    ports = [free_port() for _ in argvs]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     procs: list[subprocess.Popen] = []
     # a stop signal raises Stopped wherever we are (starting, waiting, or after uvicorn's graceful
     # shutdown, which re-raises the signal it caught), so the finally below always runs
     with on_stop_signals():
         try:
-            procs = [start_replica(serve_argv, p) for p in ports]
+            procs = [start_replica(a, p) for a, p in zip(argvs, ports)]
             wait_healthy(procs, urls, startup_timeout_s)
-            if config is None:
-                config = RouterConfig(replicas=tuple(urls), kv_events_secret=kv_events_secret)
-            print(f"k3serve: {replicas} replicas ({', '.join(urls)}) behind a {config.policy} router on "
-                  f"http://{host}:{port}", flush=True)
-            serve(config, host, port, log_level, beside=lambda: supervise(procs, serve_argv, ports))
+            route(urls, lambda: supervise(procs, argvs, ports))
         except RuntimeError as e:
             raise ValueError(str(e)) from None
         except Stopped as e:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from k3serve.chat import ChatOptions, Prompt
-from k3serve.engine.messages import ImageData
+from k3serve.engine.messages import HandoffSource, ImageData
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.models.vision_preprocess import K3_MEDIA_PROC, K25_MEDIA_PROC, num_image_tokens
 from k3serve.server.grammars import (all_strict, check_grammar, check_schema_size, json_grammar, strict_tools_grammar,
@@ -35,6 +35,7 @@ class ChatJob:
     include_usage: bool
     one_call: bool = False  # parallel_tool_calls: false -> at most one tool call
     images: list[ImageData] = field(default_factory=list)  # preprocessed, for the engine's vision tower
+    handoff: HandoffSource | None = None  # decode role: import the prompt's caches from a prefill worker
 
 
 def all_tools(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -131,8 +132,9 @@ def _build(state: ServerState, req: ChatCompletionRequest, options: ChatOptions,
         check_grammar(grammar)
     sampling = req.to_sampling_params(state.contract, thinking=options.thinking, prompt_len=len(ids),
                                       max_model_len=state.max_model_len)
+    handoff = req.handoff_source(sampling.n, state.config.engine.get("role", "both"))
     job = ChatJob(prompt=prompt, prompt_ids=ids, usage_prompt_tokens=len(ids) - stub, sampling=sampling,
-                  tools=tools, grammar=grammar,
+                  tools=tools, grammar=grammar, handoff=handoff,
                   logit_bias=req.logit_bias_ids(state.contract), top_logprobs=req.logprob_count(),
                   include_usage=include_usage, one_call=req.parallel_tool_calls is False and bool(tools))
     return job, spans

@@ -49,7 +49,7 @@ async def chat_response(state: ServerState, job: ChatJob, model: str) -> dict[st
     rid, timer = new_id("chatcmpl-"), Timer()
     decs = _decoders(state, job)
     async for _ in run_choices(state.client, rid, job.prompt_ids, job.sampling, decs, grammar=job.grammar,
-                               logit_bias=job.logit_bias, images=job.images):
+                               logit_bias=job.logit_bias, images=job.images, handoff=job.handoff):
         timer.mark_first()
     choices = []
     for d in decs:
@@ -59,8 +59,11 @@ async def chat_response(state: ServerState, job: ChatJob, model: str) -> dict[st
             choice["logprobs"] = {"content": d.logprobs_content(job.top_logprobs)}
         choices.append(choice)
     state.metrics.finished(timer, job.usage_prompt_tokens, decs)
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+    body = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": _usage(state, job, decs), "system_fingerprint": None}
+    if decs[0].handoff is not None:  # prefill role: what a decode worker needs to continue (k3serve route)
+        body["kv_transfer_params"] = {"address": decs[0].handoff.address, "request_id": decs[0].handoff.request_id}
+    return body
 
 
 async def chat_stream(state: ServerState, job: ChatJob, model: str) -> AsyncIterator[bytes]:
@@ -81,7 +84,7 @@ async def chat_stream(state: ServerState, job: ChatJob, model: str) -> AsyncIter
     try:
         async for k, deltas, lps in run_choices(state.client, rid, job.prompt_ids, job.sampling, decs,
                                                 grammar=job.grammar, logit_bias=job.logit_bias,
-                                                images=job.images):
+                                                images=job.images, handoff=job.handoff):
             timer.mark_first()
             pending = {"content": decs[k].logprobs_content(job.top_logprobs, lps)} if (
                 job.top_logprobs is not None and lps) else None

@@ -45,6 +45,7 @@ class ChoiceDecoder:
         self.step_tokens = 0  # token ids in the last engine step (its text may be empty)
         self.num_prompt_tokens = 0
         self.num_cached_tokens = 0
+        self.handoff = None  # an engine HandoffSource, from the prefill role's last output
         self.num_calls = 0
         self.logprobs: list[tuple[int, dict[int, float]]] = []
         self.done = False
@@ -65,6 +66,7 @@ class ChoiceDecoder:
         self.num_tokens += len(ids)
         self.num_prompt_tokens = out.num_prompt_tokens or self.num_prompt_tokens
         self.num_cached_tokens = out.num_cached_tokens
+        self.handoff = out.handoff or self.handoff  # prefill role: where the caches wait for a decode worker
         lps = list(zip(ids, out.logprobs)) if out.logprobs else []
         if lps:
             self.logprobs += lps

@@ -10,6 +10,7 @@ from typing import Any
 
 from k3serve.core.errors import error_body
 from k3serve.engine.client import EngineBusy, EngineDead
+from k3serve.engine.messages import HandoffSource
 from k3serve.engine.sampling_params import SamplingParams, fan_out
 from k3serve.server.choice import ChoiceDecoder, token_str
 from k3serve.server.limits import check_prompt_chars
@@ -28,6 +29,7 @@ class CompletionJob:
     include_usage: bool
     skip_special: bool
     logit_bias: dict[int, float]
+    handoff: HandoffSource | None = None  # decode role: import the prompt's caches from a prefill worker
 
     @property
     def n(self) -> int:
@@ -53,8 +55,12 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Completion
     include_usage = req.check_stream_options()
     samplings = [req.to_sampling_params(state.contract, prompt_len=len(ids), max_model_len=state.max_model_len)
                  for ids in prompts]
+    role = state.config.engine.get("role", "both")
+    handoff = req.handoff_source(samplings[0].n, role)
+    if (handoff is not None or role == "prefill") and len(prompts) != 1:
+        raise ValueError(f"prompt: prefill/decode disaggregation serves one prompt per request, got {len(prompts)}")
     return CompletionJob(prompts, texts, samplings, req.logprobs, req.echo,
-                         include_usage, req.skip_special_tokens, req.logit_bias_ids(state.contract))
+                         include_usage, req.skip_special_tokens, req.logit_bias_ids(state.contract), handoff)
 
 
 def _decoders(state: ServerState, job: CompletionJob) -> list[ChoiceDecoder]:
@@ -111,13 +117,17 @@ def _logprobs(state: ServerState, dec: ChoiceDecoder, top: int, items=None, offs
 async def completion_response(state: ServerState, job: CompletionJob, model: str) -> dict[str, Any]:
     rid, decs = new_id("cmpl-"), _decoders(state, job)
     batch = _Batch(state, job, decs)
-    async for j, _, _ in run_requests(state.client, _requests(rid, job), decs, logit_bias=job.logit_bias):
+    async for j, _, _ in run_requests(state.client, _requests(rid, job), decs, logit_bias=job.logit_bias,
+                                      handoff=job.handoff):
         batch.stepped(j)
     choices = [{"index": d.index, "text": (job.texts[d.index // job.n] if job.echo else "") + d.text,
                 "logprobs": None if job.logprobs is None else _logprobs(state, d, job.logprobs),
                 "finish_reason": d.final_finish_reason()} for d in decs]
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+    body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": batch.usage()}
+    if decs[0].handoff is not None:  # prefill role: what a decode worker needs to continue (k3serve route)
+        body["kv_transfer_params"] = {"address": decs[0].handoff.address, "request_id": decs[0].handoff.request_id}
+    return body
 
 
 async def completion_stream(state: ServerState, job: CompletionJob, model: str) -> AsyncIterator[bytes]:
@@ -135,7 +145,8 @@ async def completion_stream(state: ServerState, job: CompletionJob, model: str) 
         if job.echo:
             for j in range(len(decs)):
                 yield frame(j, job.texts[j // job.n])
-        async for j, text, lps in run_requests(state.client, _requests(rid, job), decs, logit_bias=job.logit_bias):
+        async for j, text, lps in run_requests(state.client, _requests(rid, job), decs, logit_bias=job.logit_bias,
+                                               handoff=job.handoff):
             dec = decs[j]
             batch.stepped(j)
             lp = _logprobs(state, dec, job.logprobs, lps) if job.logprobs is not None and lps else None

@@ -36,17 +36,19 @@ def new_id(prefix: str) -> str:
 
 def run_choices(client, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                 decoders: Sequence[ChoiceDecoder], *, grammar: str | None = None,
-                logit_bias: dict[int, float] | None = None,
-                images: Sequence[Any] = ()) -> AsyncIterator[tuple[int, Any, list]]:
-    """Yield `(choice index, deltas or text, logprobs)` per engine step of any of `sampling.n` choices."""
+                logit_bias: dict[int, float] | None = None, images: Sequence[Any] = (),
+                handoff: Any = None) -> AsyncIterator[tuple[int, Any, list]]:
+    """Yield `(choice index, deltas or text, logprobs)` per engine step of any of `sampling.n` choices.
+    `handoff` (one choice only): import the prompt's caches from a prefill worker."""
     requests = [(rid, prompt_ids, params) for rid, params in fan_out(request_id, sampling)]
-    return run_requests(client, requests, decoders, grammar=grammar, logit_bias=logit_bias, images=images)
+    return run_requests(client, requests, decoders, grammar=grammar, logit_bias=logit_bias, images=images,
+                        handoff=handoff)
 
 
 async def run_requests(client, requests: Sequence[tuple[str, list[int], SamplingParams]],
                        decoders: Sequence[ChoiceDecoder], *, grammar: str | None = None,
-                       logit_bias: dict[int, float] | None = None,
-                       images: Sequence[Any] = ()) -> AsyncIterator[tuple[int, Any, list]]:
+                       logit_bias: dict[int, float] | None = None, images: Sequence[Any] = (),
+                       handoff: Any = None) -> AsyncIterator[tuple[int, Any, list]]:
     """Run the `(request id, prompt ids, sampling)` requests at once, request j decoded by `decoders[j]`;
     yield `(j, deltas or text, logprobs)` per engine step of any of them. A failing request, or leaving
     early, aborts all of them."""
@@ -56,7 +58,8 @@ async def run_requests(client, requests: Sequence[tuple[str, list[int], Sampling
         # which would cost two more task switches per token
         dec = decoders[0]
         rid, prompt_ids, sampling = requests[0]
-        stream = client.generate(rid, prompt_ids, sampling, grammar=grammar, logit_bias=logit_bias, images=images)
+        stream = client.generate(rid, prompt_ids, sampling, grammar=grammar, logit_bias=logit_bias, images=images,
+                                 handoff=handoff)
         async with contextlib.aclosing(stream):  # see `one` below
             async for out in stream:
                 items, lps = dec.push(out)
@@ -64,6 +67,8 @@ async def run_requests(client, requests: Sequence[tuple[str, list[int], Sampling
                 if dec.done:
                     break
         return
+    if handoff is not None:
+        raise ValueError("kv_transfer_params: a hand-off carries one choice")
     q: asyncio.Queue = asyncio.Queue()
 
     async def one(j: int) -> None:

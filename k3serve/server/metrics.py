@@ -34,12 +34,23 @@ class _EngineGauges:
             ("k3serve:kda_state_slots_free", "Free KDA running-state slots"): s.num_free_slots,
             ("k3serve:kda_state_slots", "KDA running-state slots"): s.num_slots,
             ("k3serve:requests_in_flight", "Requests the HTTP server is serving"): self._in_flight(),
+            ("k3serve:handoffs_held", "Requests holding caches for a P/D hand-off"): s.num_held,
         }
         for (name, doc), v in values.items():
             g = GaugeMetricFamily(name, doc, labels=label)
             g.add_metric([self._model], float(v))
             yield g
-        for name, doc, v in (("vllm:num_preemptions", "Preemptions by recompute", s.num_preemptions),
+        for name, doc, v in (("k3serve:handoff_transfers", "P/D hand-offs sent (prefill) or imported (decode)",
+                              s.handoff_transfers),
+                             ("k3serve:handoff_failures", "P/D hand-offs refused, corrupt or timed out",
+                              s.handoff_failures),
+                             ("k3serve:handoff_bytes", "P/D hand-off bytes sent (prefill) or received (decode)",
+                              s.handoff_bytes),
+                             ("k3serve:handoff_transfer_seconds", "P/D hand-off time: prefill export+send, decode "
+                              "fetch->imported", s.handoff_transfer_s),
+                             ("k3serve:handoff_queue_seconds", "P/D queue time: prefill holds until acked, decode "
+                              "waits for room before fetching", s.handoff_queue_s),
+                             ("vllm:num_preemptions", "Preemptions by recompute", s.num_preemptions),
                              ("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache",
                               s.num_prefix_hit_tokens),
                              ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from k3serve.engine.messages import HandoffSource
 from k3serve.engine.sampling_params import SamplingParams
 
 KIMI_TEMPERATURES = (0.0, 0.6, 1.0)
@@ -70,6 +71,15 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
+class KVTransferParams(BaseModel):
+    """Prefill/decode disaggregation: where a prefill worker holds this request's caches (the ``kv_transfer_params``
+    of its response). A decode worker given these imports them instead of computing the prompt."""
+
+    model_config = ConfigDict(extra="forbid")
+    address: Annotated[str, Field(pattern=r"^tcp://[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$", max_length=200)]
+    request_id: Annotated[str, Field(min_length=1, max_length=200)]
+
+
 class SamplingFields(_Body):
     """Sampling fields shared by chat and text completions."""
 
@@ -93,6 +103,16 @@ class SamplingFields(_Body):
     min_tokens: Count | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[TokenId] | None = None
+    kv_transfer_params: KVTransferParams | None = None  # k3serve route's prefill -> decode hand-off
+
+    def handoff_source(self, n: int, role: str) -> HandoffSource | None:
+        """The hand-off to import (decode side), checked against this worker's role and ``n``."""
+        kv = self.kv_transfer_params
+        if kv is not None and role == "prefill":
+            raise ValueError("kv_transfer_params: this worker has role prefill; send hand-offs to a decode worker")
+        if (kv is not None or role == "prefill") and n != 1:
+            raise ValueError(f"n: prefill/decode disaggregation serves one choice per request, got {n}")
+        return None if kv is None else HandoffSource(kv.address, kv.request_id)
 
     def stop_strings(self) -> tuple[str, ...]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

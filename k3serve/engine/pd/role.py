@@ -1,0 +1,78 @@
+"""An engine-core process's prefill/decode role: what ``engine/core.py`` calls, in its own message types.
+
+    both      serves whole requests, and imports hand-offs (AddRequest.handoff) like a decode worker
+    decode    the same (the router sends it hand-offs; plain requests still work)
+    prefill   runs every request to its first token only, then holds its caches for a decode worker; the
+              finished Output carries ``handoff`` (this worker's sender address and the request id)
+"""
+
+from __future__ import annotations
+
+from k3serve.engine.messages import AddRequest, HandoffSource, Output, to_output
+from k3serve.engine.pd.transport import ZmqReceiver, ZmqSender
+from k3serve.engine.pd.worker import DecodeSide, PrefillSide
+
+ROLES = ("both", "prefill", "decode")
+
+
+class PDRole:
+    def __init__(self, engine, role: str, *, host: str = "127.0.0.1", timeout_s: float = 30.0):
+        if role not in ROLES:
+            raise ValueError(f"role: must be one of {', '.join(ROLES)}, got {role!r}")
+        self.engine, self.role = engine, role
+        self.prefill = PrefillSide(engine, ZmqSender(host), timeout_s=timeout_s) if role == "prefill" else None
+        self.decode = DecodeSide(engine, ZmqReceiver(), timeout_s=timeout_s) if role != "prefill" else None
+
+    @property
+    def prefill_only(self) -> bool:
+        return self.prefill is not None
+
+    def add(self, msg: AddRequest) -> list[Output]:
+        """An AddRequest naming a hand-off source; refusals become an error Output."""
+        try:
+            if self.decode is None:
+                raise ValueError("handoff: this worker has role prefill and cannot import a hand-off")
+            if msg.grammar is not None or msg.logit_bias or msg.images:
+                raise ValueError("structured outputs, logit_bias and images: not supported with prefill/decode "
+                                 "disaggregation yet")
+            self.decode.add(msg.request_id, msg.prompt_token_ids, msg.params, msg.handoff.address,
+                            msg.handoff.request_id)
+        except ValueError as e:
+            return [Output(msg.request_id, [], finished=True, error=str(e))]
+        return []
+
+    def abort(self, request_id: str) -> None:
+        if self.decode is not None:
+            self.decode.abort(request_id)
+
+    def pump(self) -> list[Output]:
+        if self.prefill is not None:
+            self.prefill.pump()
+            return []
+        out = []
+        for rid, result in self.decode.pump():
+            if isinstance(result, str):
+                out.append(Output(rid, [], finished=True, error=result))
+            else:
+                out.append(to_output(result))
+        return out
+
+    def ticket(self, request_id: str) -> HandoffSource | None:
+        if self.prefill is None or request_id not in self.engine.scheduler.held:
+            return None
+        return HandoffSource(self.prefill.sender.address, request_id)
+
+    def sockets(self) -> list:
+        if self.prefill is not None:
+            return [self.prefill.sender.socket]
+        return list(self.decode.receiver.sockets.values())
+
+    def stats(self) -> dict:
+        c = (self.prefill or self.decode).counters
+        return dict(num_held=len(self.engine.scheduler.held), handoff_transfers=c.transfers,
+                    handoff_failures=c.failures, handoff_bytes=c.bytes, handoff_transfer_s=c.transfer_s,
+                    handoff_queue_s=c.queue_s)
+
+    def close(self) -> None:
+        (self.prefill.sender if self.prefill is not None else self.decode.receiver).close()
+

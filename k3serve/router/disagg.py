@@ -1,0 +1,215 @@
+"""The live router's prefill/decode mode: every request runs on a prefill worker, then on a decode worker.
+
+    k3serve route --prefill http://127.0.0.1:8001 --decode http://127.0.0.1:8002 [--decode ...]
+
+Per request (``/v1/completions``, ``/v1/chat/completions``; one prompt, one choice):
+  1. the least-loaded prefill worker (``serve --role prefill``) gets the body as a non-streaming request; it
+     runs the prompt to its first token, holds the caches and answers with ``kv_transfer_params``;
+  2. the least-loaded decode worker (``serve --role decode``) gets the original body plus those
+     ``kv_transfer_params``; it fetches the caches from the prefill worker (engine/pd), decodes, and its answer
+     (JSON or SSE) goes back to the client unchanged.
+An error answer of either worker is passed back as it is; a worker that refuses the connection is skipped for
+this request. The prefill worker frees a hand-off nobody fetched after its ``--handoff-timeout``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from k3serve.core.errors import error_body
+
+log = logging.getLogger("k3serve.router")
+_FORWARD_HEADERS = ("authorization", "x-api-key", "content-type")
+_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding"}
+PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+@dataclass(frozen=True)
+class DisaggConfig:
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+    request_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for flag, urls in (("--prefill", self.prefill), ("--decode", self.decode)):
+            if not urls:
+                raise ValueError(f"{flag}: give at least one worker URL")
+            for url in urls:
+                if not url.startswith(("http://", "https://")):
+                    raise ValueError(f"{flag} must be an http(s) URL, got {url!r}")
+        if len({*self.prefill, *self.decode}) != len(self.prefill) + len(self.decode):
+            raise ValueError("--prefill/--decode: the same URL is given twice")
+        if not self.request_timeout_s > 0:
+            raise ValueError("the request timeout must be positive")
+
+
+class Workers:
+    """One role's workers and the requests this router has in flight on each (its load)."""
+
+    def __init__(self, urls: tuple[str, ...]):
+        self.urls = urls
+        self.active = [0] * len(urls)
+        self.served = [0] * len(urls)
+        self._turn = itertools.count()
+
+    def order(self) -> list[int]:
+        """Workers to try, least loaded first (ties rotate)."""
+        t = next(self._turn)
+        n = len(self.urls)
+        return sorted(range(n), key=lambda i: (self.active[i], (i - t) % n))
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse(error_body(status, message, code), status_code=status)
+
+
+class DisaggProxy:
+    def __init__(self, config: DisaggConfig):
+        self.config = config
+        self.prefill, self.decode = Workers(config.prefill), Workers(config.decode)
+        self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(config.request_timeout_s, connect=2.0),
+                                        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+
+    async def handle(self, request: Request, path: str) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return _error(400, "the request body is not valid JSON", "invalid_json")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object", "invalid_json")
+        if "kv_transfer_params" in body:
+            return _error(400, "kv_transfer_params: set by the router, not by clients", "invalid_request")
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+        first = {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}
+        resp = await self._post(self.prefill, path, first, headers, stream=False)
+        if isinstance(resp, Response):
+            return resp
+        w, r = resp
+        try:
+            content = await r.aread()
+        finally:
+            await r.aclose()
+            self.prefill.active[w] -= 1
+        if r.status_code != 200:
+            return Response(content, r.status_code, media_type="application/json")
+        try:
+            kv = json.loads(content)["kv_transfer_params"]
+        except (ValueError, KeyError, TypeError):
+            return _error(502, f"prefill worker {self.prefill.urls[w]} gave no kv_transfer_params "
+                          "(is it running with --role prefill?)", "bad_prefill_worker")
+        stream = bool(body.get("stream"))
+        resp = await self._post(self.decode, path, body | {"kv_transfer_params": kv}, headers, stream=stream)
+        if isinstance(resp, Response):
+            return resp
+        w, r = resp
+        out_headers = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_HEADERS}
+        if not stream or r.status_code != 200:
+            try:
+                content = await r.aread()
+            finally:
+                await r.aclose()
+                self.decode.active[w] -= 1
+            return Response(content, r.status_code, headers=out_headers)
+        return StreamingResponse(self._relay(r, w), r.status_code, headers=out_headers)
+
+    async def _post(self, workers: Workers, path: str, body: dict, headers: dict[str, str], *, stream: bool):
+        """(worker, open response) from the first worker that takes the request, or an error response.
+        The worker's load counter is raised; the caller lowers it when the response is done."""
+        for w in workers.order():
+            workers.active[w] += 1
+            try:
+                req = self.client.build_request("POST", workers.urls[w] + path, json=body, headers=headers)
+                r = await self.client.send(req, stream=True)
+            except httpx.ConnectError as e:
+                workers.active[w] -= 1
+                log.warning("worker %s refused: %s", workers.urls[w], e)
+                continue
+            except httpx.HTTPError as e:
+                workers.active[w] -= 1
+                return _error(502, f"worker {workers.urls[w]} failed: {type(e).__name__}", "worker_failed")
+            except BaseException:
+                workers.active[w] -= 1
+                raise
+            workers.served[w] += 1
+            return w, r
+        return _error(503, "no worker of that role could take the request", "no_worker")
+
+    async def _relay(self, r: httpx.Response, w: int) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in r.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as e:
+            msg = error_body(502, f"the decode worker failed mid-stream ({type(e).__name__})", "worker_failed")
+            yield b"data: " + json.dumps(msg).encode() + b"\n\ndata: [DONE]\n\n"
+        finally:
+            await r.aclose()
+            self.decode.active[w] -= 1
+
+
+def build_app(config: DisaggConfig) -> FastAPI:
+    proxy = DisaggProxy(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        try:
+            yield
+        finally:
+            await proxy.client.aclose()
+
+    app = FastAPI(title="k3serve router (prefill/decode)", lifespan=lifespan)
+    app.state.proxy = proxy
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await proxy.handle(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await proxy.handle(request, "/v1/completions")
+
+    @app.get("/router/workers", summary="Prefill and decode workers and their load as the router sees it")
+    async def workers():
+        return {role: [{"url": u, "active_requests": ws.active[i], "served_requests": ws.served[i]}
+                       for i, u in enumerate(ws.urls)]
+                for role, ws in (("prefill", proxy.prefill), ("decode", proxy.decode))}
+
+    @app.get("/health")
+    async def health():
+        return {"prefill_workers": len(config.prefill), "decode_workers": len(config.decode)}
+
+    return app
+
+
+def serve(config: DisaggConfig, host: str, port: int, log_level: str = "warning",
+          beside: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Run the router until stopped; ``beside()`` (``serve --prefill-replicas``' supervisor) runs on its loop."""
+    import asyncio
+
+    import uvicorn
+
+    from k3serve.core.process import graceful_sighup
+
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = uvicorn.Server(uvicorn.Config(build_app(config), host=host, port=port, log_level=log_level,
+                                           timeout_graceful_shutdown=5))
+
+    async def main() -> None:
+        task = asyncio.create_task(beside()) if beside is not None else None
+        try:
+            await server.serve()
+        finally:
+            if task is not None:
+                task.cancel()
+
+    with graceful_sighup(server.handle_exit):
+        asyncio.run(main())
