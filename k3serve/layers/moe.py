@@ -130,6 +130,17 @@ class RoutedExperts(nn.Module):
                                                     self.w2_scale, self.glu, act_quant=self.act_quant)
 
 
+def add_latent_projections(moe: nn.Module, cfg) -> None:
+    """LatentMoE's down/up projections (hidden <-> latent width, replicated on every rank) and optional norm,
+    under the checkpoint's names; ``moe.latent`` says whether the model has them."""
+    moe.latent = cfg.routed_expert_hidden_size is not None
+    if moe.latent:
+        d, lat = cfg.hidden_size, cfg.routed_expert_hidden_size
+        moe.routed_expert_down_proj = nn.Linear(d, lat, bias=False)
+        moe.routed_expert_up_proj = nn.Linear(lat, d, bias=False)
+        moe.routed_expert_norm = KimiRMSNorm(lat, cfg.rms_norm_eps) if cfg.latent_moe_use_norm else None
+
+
 class SparseMoE(nn.Module):
     """Router + routed experts (optionally in a latent space) + shared experts."""
 
@@ -142,12 +153,7 @@ class SparseMoE(nn.Module):
         d = cfg.hidden_size
         self.gate = MoEGate(d, cfg)
         self.experts = RoutedExperts(cfg, mxfp4)
-        self.latent = cfg.routed_expert_hidden_size is not None
-        if self.latent:
-            lat = cfg.routed_expert_hidden_size
-            self.routed_expert_down_proj = nn.Linear(d, lat, bias=False)
-            self.routed_expert_up_proj = nn.Linear(lat, d, bias=False)
-            self.routed_expert_norm = KimiRMSNorm(lat, cfg.rms_norm_eps) if cfg.latent_moe_use_norm else None
+        add_latent_projections(self, cfg)
         self.shared_experts = (GatedMLP(d, cfg.moe_intermediate_size * cfg.num_shared_experts, cfg)
                                if cfg.num_shared_experts else None)
 

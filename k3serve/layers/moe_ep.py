@@ -20,8 +20,7 @@ from torch import nn
 from k3serve.core.config import TextConfig
 from k3serve.core.distributed import Parallel, all_gather_rows, all_reduce, all_to_all, exchange_counts
 from k3serve.layers.eplb import ExpertLoad, Placement, block_placement, plan_placement, split_counts
-from k3serve.layers.moe import GatedMLP, MoEGate, RoutedExperts, SparseMoE
-from k3serve.layers.norm import KimiRMSNorm
+from k3serve.layers.moe import GatedMLP, MoEGate, RoutedExperts, SparseMoE, add_latent_projections
 from k3serve.layers.weights import WeightSlot, foreign_slot
 
 _EXPERT_TENSORS = ("experts.w13", "experts.w2", "experts.w13_packed", "experts.w13_scale", "experts.w2_packed",
@@ -88,12 +87,7 @@ class EPSparseMoE(nn.Module):
                              f"ranks, the layer has {cfg.num_experts} experts on {par.ep} ep ranks")
         self.gate = MoEGate(d, cfg)
         self.experts = LocalExperts(cfg, mxfp4, self.placement.experts_of_rank[par.ep_rank])
-        self.latent = cfg.routed_expert_hidden_size is not None
-        if self.latent:
-            lat = cfg.routed_expert_hidden_size
-            self.routed_expert_down_proj = nn.Linear(d, lat, bias=False)
-            self.routed_expert_up_proj = nn.Linear(lat, d, bias=False)
-            self.routed_expert_norm = KimiRMSNorm(lat, cfg.rms_norm_eps) if cfg.latent_moe_use_norm else None
+        add_latent_projections(self, cfg)
         self.shared_experts = (GatedMLP(d, cfg.moe_intermediate_size * cfg.num_shared_experts, cfg)
                                if cfg.num_shared_experts else None)
         self.expert_load = ExpertLoad(cfg.num_experts)  # EPLB statistics: this rank's routed tokens

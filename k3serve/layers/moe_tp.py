@@ -24,8 +24,7 @@ from torch import nn
 from k3serve.core.config import TextConfig
 from k3serve.core.distributed import Parallel, reduce_pieces
 from k3serve.layers.activation import make_glu
-from k3serve.layers.moe import MoEGate, RoutedExperts
-from k3serve.layers.norm import KimiRMSNorm
+from k3serve.layers.moe import MoEGate, RoutedExperts, add_latent_projections
 from k3serve.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear, merge_slots, shard_slot
 from k3serve.layers.weights import WeightSlot
 
@@ -116,17 +115,12 @@ class TensorParallelMoE(nn.Module):
     def __init__(self, cfg: TextConfig, mxfp4: bool, par: Parallel):
         super().__init__()
         if par.ep > 1:
-            raise ValueError("expert parallelism (ep > 1) is not wired yet: run the experts tensor-parallel (ep 1)")
+            raise ValueError("with ep > 1 the experts run whole per rank: layers.moe_ep.EPSparseMoE")
         d = cfg.hidden_size
         self.par = par
         self.gate = MoEGate(d, cfg)
         self.experts = ShardedExperts(cfg, mxfp4, par)
-        self.latent = cfg.routed_expert_hidden_size is not None
-        if self.latent:
-            lat = cfg.routed_expert_hidden_size
-            self.routed_expert_down_proj = nn.Linear(d, lat, bias=False)
-            self.routed_expert_up_proj = nn.Linear(lat, d, bias=False)
-            self.routed_expert_norm = KimiRMSNorm(lat, cfg.rms_norm_eps) if cfg.latent_moe_use_norm else None
+        add_latent_projections(self, cfg)
         self.shared_experts = (ParallelGatedMLP(d, cfg.moe_intermediate_size * cfg.num_shared_experts, cfg, par)
                                if cfg.num_shared_experts else None)
 

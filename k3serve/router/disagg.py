@@ -192,24 +192,6 @@ def build_app(config: DisaggConfig) -> FastAPI:
 def serve(config: DisaggConfig, host: str, port: int, log_level: str = "warning",
           beside: Callable[[], Awaitable[None]] | None = None) -> None:
     """Run the router until stopped; ``beside()`` (``serve --prefill-replicas``' supervisor) runs on its loop."""
-    import asyncio
+    from k3serve.router.proxy import run_app
 
-    import uvicorn
-
-    from k3serve.core.process import graceful_sighup
-
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = uvicorn.Server(uvicorn.Config(build_app(config), host=host, port=port, log_level=log_level,
-                                           timeout_graceful_shutdown=5))
-
-    async def main() -> None:
-        task = asyncio.create_task(beside()) if beside is not None else None
-        try:
-            await server.serve()
-        finally:
-            if task is not None:
-                task.cancel()
-
-    with graceful_sighup(server.handle_exit):
-        asyncio.run(main())
+    run_app(build_app(config), host, port, log_level, beside)

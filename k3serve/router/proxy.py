@@ -352,6 +352,13 @@ def serve(config: RouterConfig, host: str, port: int, log_level: str = "warning"
           beside: Callable[[], Awaitable[None]] | None = None) -> None:
     """Run the router until stopped; ``beside()`` (e.g. a replica supervisor) runs on the same event loop,
     in this (the main) thread, and is cancelled when the router stops."""
+    run_app(build_app(config), host, port, log_level, beside)
+
+
+def run_app(app, host: str, port: int, log_level: str = "warning",
+            beside: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Serve a router app (this one or the prefill/decode one) with uvicorn until a stop signal; SIGHUP stops it
+    gracefully; ``beside()`` runs on its loop and is cancelled at the end."""
     import asyncio
 
     import uvicorn
@@ -360,7 +367,7 @@ def serve(config: RouterConfig, host: str, port: int, log_level: str = "warning"
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = uvicorn.Server(uvicorn.Config(build_app(config), host=host, port=port, log_level=log_level,
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=5))
 
     async def main() -> None:
