@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from k3serve.engine.spec.config import SpeculativeConfig
+
 
 def _check(cond: bool, name: str, msg: str) -> None:
     if not cond:
@@ -21,6 +23,7 @@ class EngineConfig:
     snapshot_memory_fraction: float = 0.25  # share of the cache budget for KDA snapshots
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     retain_freed_memory: bool = True  # CPU: glibc keeps freed memory for reuse (memory.keep_freed_memory)
+    speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
@@ -36,6 +39,8 @@ class EngineConfig:
                f"must be in [0, 1), got {self.snapshot_memory_fraction}")
         _check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len",
                f"must be >= 2, got {self.max_model_len}")
+        _check(self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig),
+               "speculative_config", "must be a SpeculativeConfig (SpeculativeConfig.parse reads the JSON form)")
 
 
 def check_device(device: str) -> None:

@@ -27,6 +27,7 @@ from k3serve.engine.prefix_cache import HybridPrefixCache, NoPrefixCache
 from k3serve.engine.request import Batch, Request
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.engine.scheduler import Scheduler
+from k3serve.engine.spec.speculator import Speculator
 from k3serve.engine.state_pool import StatePool
 from k3serve.engine.stats import EngineStats
 from k3serve.models.cache import allocate_caches, cache_spec
@@ -81,11 +82,15 @@ class LLMEngine:
         self.blocks = BlockPool(self.plan.num_blocks, config.block_size)
         self.states = StatePool(config.max_num_seqs, self.plan.num_snapshot_slots)
         cache = HybridPrefixCache(self.blocks, self.states) if config.enable_prefix_caching else NoPrefixCache()
+        spec = config.speculative_config
+        speculator = None if spec is None else Speculator(spec, config.block_size,
+                                                          align_to_blocks=config.enable_prefix_caching)
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    state_cache_interval=config.state_cache_interval,
-                                   blocks=self.blocks, states=self.states, cache=cache)
-        self.runner = ModelRunner(model, caches, device, placeholder_id=model_config.media_placeholder_token_id)
+                                   blocks=self.blocks, states=self.states, cache=cache, speculator=speculator)
+        self.runner = ModelRunner(model, caches, device, placeholder_id=model_config.media_placeholder_token_id,
+                                  rollback=None if spec is None else spec.rollback)
         self._arrivals = 0
         self.num_steps = 0
         self.num_generated_tokens = 0
@@ -96,9 +101,9 @@ class LLMEngine:
         if not batch:
             return []
         result = self.runner.run(batch)
-        self.scheduler.update(batch, result.sampled)
+        appended = self.scheduler.update(batch, result.sampled, result.accepted)
         self.num_steps += 1
-        return self._process(batch, result)
+        return self._process(batch, result, appended)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                     images: Sequence[ImageInput] = (), logits_processor: LogitsProcessor | None = None) -> Request:
@@ -154,18 +159,18 @@ class LLMEngine:
         self.blocks.clear_cache()
         self.states.clear_cache()
 
-    def _process(self, batch: Batch, result: StepResult) -> list[RequestOutput]:
+    def _process(self, batch: Batch, result: StepResult, appended: list[int]) -> list[RequestOutput]:
         outputs = []
         for i, req in enumerate(batch.requests):
             if req.wants_prompt_logprobs:
                 record_prompt_logprobs(req, batch.cached_lens[i], result.prompt_logprobs[i] or [])
-            token = result.sampled[i]
-            if token is None:
+            if result.sampled[i] is None:
                 continue
-            self.num_generated_tokens += 1
+            n = appended[i]  # a verify row emits its accepted drafts first; a stop may cut them short
+            self.num_generated_tokens += n
             if result.logprobs[i] is not None:
-                req.logprobs.append(result.logprobs[i])
-            outputs.append(self._output(req, [token]))
+                req.logprobs += [*(result.accepted_logprobs[i] or []), result.logprobs[i]][:n]
+            outputs.append(self._output(req, req.token_ids[req.num_tokens - n:]))
         return outputs
 
     def _output(self, req: Request, new_tokens: list[int]) -> RequestOutput:

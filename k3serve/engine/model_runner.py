@@ -10,6 +10,11 @@ with a vision tower also get ``image_embeds [n, d]``, one row per placeholder po
 (``multimodal.ImageEmbedder``). Logits are computed only for rows that sample, plus every prompt position of
 requests that asked for prompt logprobs. The logits processors of the sampling rows are prepared before the
 forward (their work overlaps it) and applied by the sampler.
+
+Speculative decoding (``rollback`` set): the batch's decode rows feed their last token and their drafts; the
+KDA layers run them under a ``spec.rollback`` strategy, logits are computed at each of their positions,
+``spec.rejection.verify_drafts`` picks the accepted drafts and the next token, and the rollback commits the
+state after the accepted tokens before any snapshot copy reads it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from k3serve.core.context import ForwardContext, ModelCaches, forward_context
 from k3serve.engine.multimodal import ImageEmbedder
 from k3serve.engine.request import Batch
 from k3serve.engine.sampler import sample, token_logprobs
+from k3serve.engine.spec.rejection import verify_drafts
+from k3serve.engine.spec.rollback import STRATEGIES, Rollback
 from k3serve.engine.state_rows import StateRows
 
 
@@ -32,6 +39,8 @@ class StepResult:
     sampled: list[int | None]  # per batch row; None when the request did not reach its last token
     logprobs: list[dict[int, float] | None] = field(default_factory=list)
     prompt_logprobs: list[list[dict[int, float]] | None] = field(default_factory=list)  # per row, this chunk
+    accepted: list[list[int]] = field(default_factory=list)  # per row: accepted drafts, emitted before sampled
+    accepted_logprobs: list[list[dict[int, float]] | None] = field(default_factory=list)
 
 
 def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
@@ -44,8 +53,10 @@ def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, caches: ModelCaches, device: torch.device | str = "cpu", *,
-                 placeholder_id: int | None = None):
+                 placeholder_id: int | None = None, rollback: str | type[Rollback] | None = None):
         self.model = model
+        # speculative decoding's state rollback strategy (a name in spec.rollback.STRATEGIES, or a class)
+        self.rollback = STRATEGIES[rollback] if isinstance(rollback, str) else rollback
         self.caches = caches
         self.device = torch.device(device)
         kda = [*caches.kda_state.values(), *caches.kda_conv.values()]
@@ -64,8 +75,12 @@ class ModelRunner:
 
     def prepare(self, batch: Batch) -> tuple[torch.Tensor, ForwardContext]:
         ids: list[int] = []
-        for req, start, n in zip(batch.requests, batch.cached_lens, batch.num_new_tokens):
-            ids += req.token_ids[start:start + n]
+        for req, start, n, drafts in zip(batch.requests, batch.cached_lens, batch.num_new_tokens, batch.drafts):
+            if drafts is None:
+                ids += req.token_ids[start:start + n]
+            else:
+                ids += req.token_ids[start:start + n - len(drafts)]
+                ids += drafts
         width = max(len(r.block_ids) for r in batch.requests)
         tables: list[int] = []
         for r in batch.requests:
@@ -79,31 +94,61 @@ class ModelRunner:
         ctx = ForwardContext(cu_seqlens=long_tensor(cu, self.device), cached_lens=list(batch.cached_lens),
                              state_slots=long_tensor(slots, self.device),
                              block_tables=long_tensor(tables, self.device).view(len(batch), width),
-                             caches=self.caches, host_cu_seqlens=cu, host_state_slots=slots)
+                             caches=self.caches, host_cu_seqlens=cu, host_state_slots=slots,
+                             spec=self._rollback(batch, slots))
         return long_tensor(ids, self.device), ctx
+
+    def _rollback(self, batch: Batch, slots: list[int]) -> Rollback | None:
+        rows = batch.spec_rows if self.rollback is not None else []
+        if not rows:
+            return None
+        return self.rollback(self.caches, rows, [batch.num_new_tokens[i] for i in rows], [slots[i] for i in rows])
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepResult:
         rows = [i for i in range(len(batch)) if batch.samples(i)]
-        reqs = [batch.requests[i] for i in rows]
-        for req in reqs:  # processors start their work (grammar masks) now, to overlap the forward
+        spec = set(batch.spec_rows) if self.rollback is not None else set()
+        plain = [i for i in rows if i not in spec]
+        for i in rows:  # processors start their work (grammar masks) now, to overlap the forward
+            req = batch.requests[i]
             if req.logits_processor is not None:
                 req.logits_processor.prepare(req.output_token_ids)
         self.copy_slots(batch.state_copies)
         self.state_rows.arrange([r.slot for r in batch.requests])
         input_ids, ctx = self.prepare(batch)
         ends = ctx.host_cu_seqlens[1:]
+        # logits rows: the last position of each plain sampling row, then every position of each verify row
+        picks = [ends[i] - 1 for i in plain]
+        for i in sorted(spec):
+            picks += range(ends[i] - batch.num_new_tokens[i], ends[i])
         with forward_context(ctx):
             hidden = self._forward(input_ids, ctx, batch)
-            logits = self.model.compute_logits(hidden[[ends[i] - 1 for i in rows]])
+            logits = self.model.compute_logits(hidden[picks])
             prompt_lp = self._prompt_logprobs(batch, hidden, ends)
+        n = len(batch)
+        sampled: list[int | None] = [None] * n
+        logprobs: list[dict[int, float] | None] = [None] * n
+        accepted: list[list[int]] = [[] for _ in range(n)]
+        accepted_lp: list[list[dict[int, float]] | None] = [None] * n
+        if plain:
+            result = sample(logits[:len(plain)], [batch.requests[i] for i in plain])
+            for j, i in enumerate(plain):
+                sampled[i], logprobs[i] = result.tokens[j], result.logprobs[j]
+        if ctx.spec is not None:
+            at = len(plain)
+            for i in ctx.spec.rows:
+                T = batch.num_new_tokens[i]
+                tokens, lps = verify_drafts(logits[at:at + T], batch.requests[i], batch.drafts[i])
+                at += T
+                accepted[i], sampled[i] = tokens[:-1], tokens[-1]
+                if lps is not None:
+                    accepted_lp[i], logprobs[i] = lps[:-1], lps[-1]
+            ctx.spec.commit([len(accepted[i]) for i in ctx.spec.rows])
         self.copy_slots(batch.snapshots)
-        result = sample(logits, reqs)
-        sampled: list[int | None] = [None] * len(batch)
-        logprobs: list[dict[int, float] | None] = [None] * len(batch)
-        for j, i in enumerate(rows):
-            sampled[i], logprobs[i] = result.tokens[j], result.logprobs[j]
-        return StepResult(sampled, logprobs, prompt_lp)
+        # a verify row's boundary snapshot only when its window was accepted up to the boundary
+        self.copy_slots([(batch.requests[i].slot, slot) for i, (slot, end, _) in batch.spec_snapshots.items()
+                         if batch.cached_lens[i] + 1 + len(accepted[i]) == end])
+        return StepResult(sampled, logprobs, prompt_lp, accepted, accepted_lp)
 
     def _forward(self, input_ids: torch.Tensor, ctx: ForwardContext, batch: Batch) -> torch.Tensor:
         if self.images is None:

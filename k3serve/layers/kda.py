@@ -104,11 +104,9 @@ class KimiDeltaAttention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         N, H, K = x.shape[0], self.num_heads, self.head_dim
         slots = ctx.state_slots
-        fresh = ~ctx.has_initial_state
 
         qkv, f, b, gate = self._project(x)
         conv_weight = self._conv_filters()
-        any_fresh = not ctx.is_decode and bool(fresh.any())
         # States are read and written in place when the batch owns the leading pool rows (the engine arranges
         # that), else gathered once and written back once. Not under autograd, which may keep what it read.
         rows = None if torch.is_grad_enabled() else ctx.leading_state_rows
@@ -116,30 +114,72 @@ class KimiDeltaAttention(nn.Module):
         conv_state = conv_cache[rows] if rows is not None else conv_cache.index_select(0, slots)
         state_cache = ctx.caches.kda_state[self.layer_idx]
         state = state_cache[rows] if rows is not None else state_cache.index_select(0, slots)
-        if ctx.is_decode:  # one op, states updated in place: on the pool rows themselves, or on the gathered copies
-            o = registry.get("kda_decode_step")(qkv, conv_weight, conv_state, self.f_b_proj(f).view(N, H, K),
-                                                self.dt_bias, self.A_log, b, state, lower_bound=self.lower_bound,
-                                                l2_eps=L2_EPS)
-            _store(conv_cache, rows, slots, conv_state)
+        f = self.f_b_proj(f).view(N, H, K)
+        if ctx.spec is not None:  # dispatch by row kind (decode rows under the rollback), never by shape
+            o = self._speculative(qkv, conv_weight, f, b, conv_state, state, ctx)
+        elif ctx.is_decode:  # one op, states updated in place: on the pool rows themselves, or on the gathered copies
+            o = registry.get("kda_decode_step")(qkv, conv_weight, conv_state, f, self.dt_bias, self.A_log, b, state,
+                                                lower_bound=self.lower_bound, l2_eps=L2_EPS)
         else:
-            if any_fresh:
-                conv_state[fresh] = 0
-                state[fresh] = 0
-            qkv, new_conv = registry.get("short_conv")(qkv.float(), conv_weight, conv_state=conv_state,
-                                                       cu_seqlens=ctx.cu_seqlens)
-            _store(conv_cache, rows, slots, new_conv.to(conv_cache.dtype))
-            # q and k are normalised together (same per-head math, half the ops); split, not sliced: under
-            # autograd each slice's gradient is a zero-filled copy of the whole, a split's one concatenation
-            qk, v = qkv.split([2 * H * K, H * K], dim=1)
-            q, k = l2_normalize(qk.reshape(N, 2 * H, K), L2_EPS).split(H, dim=1)
-            v = v.float().reshape(N, H, K)
-            g = kda_gate(self.f_b_proj(f).view(N, H, K), self.dt_bias, self.A_log, self.lower_bound)
-            beta = torch.sigmoid(b.float())
-            o, state = registry.get("kda_chunk")(q[None], k[None], v[None], g[None], beta[None],
-                                                 initial_state=state, cu_seqlens=ctx.cu_seqlens)
-            o = o[0]
+            o = self._chunk(qkv, conv_weight, f, b, conv_state, state, ctx.cu_seqlens, ~ctx.has_initial_state)
+        _store(conv_cache, rows, slots, conv_state)
         _store(state_cache, rows, slots, state)
 
         z = gate if self.full_rank_gate else self.g_b_proj(gate)
         o = self.o_norm(o, z.view(N, H, K)).to(x.dtype)
         return self.o_proj(o.reshape(N, H * K))
+
+    def _chunk(self, qkv: torch.Tensor, conv_weight: torch.Tensor, f: torch.Tensor, b: torch.Tensor,
+               conv_state: torch.Tensor, state: torch.Tensor, cu_seqlens: torch.Tensor,
+               fresh: torch.Tensor) -> torch.Tensor:
+        """The prefill path over packed sequences; ``conv_state``/``state`` ``[B, ...]`` updated in place."""
+        N, H, K = f.shape
+        if bool(fresh.any()):
+            conv_state[fresh] = 0
+            state[fresh] = 0
+        qkv, new_conv = registry.get("short_conv")(qkv.float(), conv_weight, conv_state=conv_state,
+                                                   cu_seqlens=cu_seqlens)
+        conv_state.copy_(new_conv)
+        # q and k are normalised together (same per-head math, half the ops); split, not sliced: under
+        # autograd each slice's gradient is a zero-filled copy of the whole, a split's one concatenation
+        qk, v = qkv.split([2 * H * K, H * K], dim=1)
+        q, k = l2_normalize(qk.reshape(N, 2 * H, K), L2_EPS).split(H, dim=1)
+        v = v.float().reshape(N, H, K)
+        g = kda_gate(f, self.dt_bias, self.A_log, self.lower_bound)
+        beta = torch.sigmoid(b.float())
+        o, new_state = registry.get("kda_chunk")(q[None], k[None], v[None], g[None], beta[None],
+                                                 initial_state=state, cu_seqlens=cu_seqlens)
+        if new_state.data_ptr() != state.data_ptr():
+            state.copy_(new_state)
+        return o[0]
+
+    def _speculative(self, qkv: torch.Tensor, conv_weight: torch.Tensor, f: torch.Tensor, b: torch.Tensor,
+                     conv_state: torch.Tensor, state: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Decode rows (``ctx.spec.rows``, 1 + k tokens each) through ``spec.verify``; any other rows (prefill
+        chunks) through the prefill path. States ``[B, ...]`` updated in place."""
+        spec, op = ctx.spec, registry.get("kda_decode_step")
+
+        def step(qkv_t, conv_t, f_t, b_t, state_t):  # noqa: ANN001, ANN202 - the decode step with this layer's weights
+            return op(qkv_t, conv_weight, conv_t, f_t, self.dt_bias, self.A_log, b_t, state_t,
+                      lower_bound=self.lower_bound, l2_eps=L2_EPS)
+
+        B, cu = ctx.batch_size, ctx.host_cu_seqlens
+        if len(spec.rows) == B:
+            return spec.verify(self.layer_idx, step, qkv, f, b, conv_state, state)
+        N, H, K = f.shape
+        o = torch.empty(N, H, state.shape[-1], dtype=torch.float32, device=qkv.device)
+        other = [i for i in range(B) if i not in set(spec.rows)]
+        for part in (spec.rows, other):
+            if not part:
+                continue
+            idx = torch.tensor(part, device=qkv.device)
+            tok = torch.tensor([t for i in part for t in range(cu[i], cu[i + 1])], device=qkv.device)
+            cs, st = conv_state.index_select(0, idx), state.index_select(0, idx)
+            args = (qkv.index_select(0, tok), conv_weight, f.index_select(0, tok), b.index_select(0, tok))
+            if part is spec.rows:
+                o[tok] = spec.verify(self.layer_idx, step, args[0], args[2], args[3], cs, st)
+            else:
+                lens = torch.tensor([0] + [cu[i + 1] - cu[i] for i in part], device=qkv.device)
+                o[tok] = self._chunk(*args, cs, st, lens.cumsum(0), ~ctx.has_initial_state[idx])
+            conv_state[idx], state[idx] = cs, st
+        return o
