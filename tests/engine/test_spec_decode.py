@@ -1,0 +1,121 @@
+"""Greedy outputs with speculative decoding on equal those with it off (fp32, both tiny models), for k = 0..8,
+both rollback strategies, batches that mix prefill chunks with verify rows, prefix-cache hits, preemption and
+an abort. The drafts come from an oracle that knows the speculation-off continuation and spoils some of it,
+so acceptance is high but partial (every accept count occurs); the test checks acceptance > 0. A rollback
+that skips the restore must break the equality (the negative control)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from k3serve.engine.sampling_params import SamplingParams
+from k3serve.engine.spec.config import SpeculativeConfig
+from k3serve.engine.spec.rollback import SlotsRollback
+
+MAX_NEW = 14
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(7)
+    shared = torch.randint(0, 2000, (33,), generator=g).tolist()
+    tails = [torch.randint(0, 2000, (n,), generator=g).tolist() for n in (3, 9, 1)]
+    return [torch.randint(0, 2000, (n,), generator=g).tolist() for n in (5, 21)] + [shared + t for t in tails]
+
+
+PROMPTS = _prompts()
+
+
+class Oracle:
+    """Proposes the speculation-off continuation, spoiling one draft in every third proposal."""
+
+    def __init__(self, prompts, outputs):
+        self.ref = [(p, o) for p, o in zip(prompts, outputs)]
+        self.calls = 0
+
+    def propose(self, token_ids, k):
+        self.calls += 1
+        for p, o in self.ref:
+            if token_ids[:len(p)] == p and token_ids[len(p):] == o[:len(token_ids) - len(p)]:
+                d = list(o[len(token_ids) - len(p):][:k])
+                if d and self.calls % 3 == 0:
+                    d[self.calls % len(d)] = (d[self.calls % len(d)] + 1) % 2000
+                return d
+        return []
+
+
+class NoRestore(SlotsRollback):
+    """Deliberately wrong: leaves the state after every draft, accepted or not."""
+
+    def _commit(self, num_accepted):
+        self._slots.clear()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, eh):
+    return eh.run_greedy(eh.make_engine(tiny), PROMPTS, MAX_NEW)
+
+
+def _run(tiny, eh, reference, spec, rollback_cls=None, abort=False, **cfg):
+    engine = eh.make_engine(tiny, speculative_config=spec, **cfg)
+    engine.scheduler.speculator.drafter = Oracle(PROMPTS, reference)
+    if rollback_cls is not None:
+        engine.runner.rollback = rollback_cls
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    # the first two run alone for a few steps; the shared-prefix wave then joins (prefill chunks beside
+    # verify rows) and hits the prefix of the first of them
+    for i in (0, 1, 2):
+        engine.add_request(str(i), PROMPTS[i], params)
+    done = {}
+    for _ in range(3):
+        done.update((o.request_id, o) for o in engine.step() if o.finished)
+    for i in (3, 4):
+        engine.add_request(str(i), PROMPTS[i], params)
+    if abort:
+        engine.add_request("gone", PROMPTS[3], params)
+        engine.step()
+        assert engine.abort_request("gone").finish_reason == "abort"
+    done.update(eh.drain(engine))
+    return [done[str(i)].token_ids for i in range(len(PROMPTS))], engine
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 8])
+def test_greedy_equal_for_k(tiny, eh, reference, k):
+    got, engine = _run(tiny, eh, reference, SpeculativeConfig(num_speculative_tokens=k), abort=k == 3,
+                       max_num_batched_tokens=24)
+    assert got == reference
+    s = engine.scheduler
+    assert s.num_spec_rows > 0 and (s.num_accepted_tokens > 0) == (k > 0)
+    assert engine.stats().num_prefix_hit_tokens > 0
+    assert engine.blocks.num_used == 0 and engine.states.num_running_free == engine.states.max_running
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_greedy_equal_replay_reference(tiny, eh, reference, caching):
+    got, engine = _run(tiny, eh, reference, SpeculativeConfig(num_speculative_tokens=5, rollback="replay"),
+                       enable_prefix_caching=caching)
+    assert got == reference and engine.scheduler.num_accepted_tokens > 0
+
+
+def test_preemption(tiny, eh, reference):
+    from k3serve.models.cache import cache_spec
+
+    spec = cache_spec(tiny[0], torch.float32)
+    budget = 5 * spec.kda_bytes_per_slot + 6 * 16 * spec.mla_bytes_per_token
+    got, engine = _run(tiny, eh, reference, SpeculativeConfig(num_speculative_tokens=4), max_num_seqs=5,
+                       enable_prefix_caching=False, kv_cache_memory=budget, max_model_len=64)
+    assert got == reference
+    assert engine.stats().num_preemptions > 0 and engine.scheduler.num_accepted_tokens > 0
+
+
+def test_a_rollback_that_skips_the_restore_fails(tiny, eh, reference):
+    got, engine = _run(tiny, eh, reference, SpeculativeConfig(num_speculative_tokens=4), rollback_cls=NoRestore)
+    assert engine.scheduler.num_draft_tokens > engine.scheduler.num_accepted_tokens  # some drafts were rejected
+    assert got != reference
+
+
+def test_backoff_when_the_batch_is_large(tiny, eh, reference):
+    got, engine = _run(tiny, eh, reference, SpeculativeConfig(num_speculative_tokens=4, max_running=1))
+    assert got == reference
+    s = engine.scheduler
+    assert s.num_spec_rows > 0 and s.num_draft_tokens < 4 * s.num_spec_rows
