@@ -54,6 +54,7 @@ class CoreSpec(msgspec.Struct, frozen=True):
     seed: int = 0
     kv_events_host: str | None = None  # publish KV cache events (engine/kv_events.py) on this host; None: off
     log_stats_interval: float = 10.0  # seconds between engine stats lines (engine/stats_log.py); 0: none
+    speculative_config: str | None = None  # JSON of spec.config.SpeculativeConfig; None: no speculation
 
 
 _PIXEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -87,7 +88,9 @@ def _stats(engine) -> Stats:
                  num_admitted_tokens=s.num_admitted_tokens, num_prefix_hit_tokens=s.num_prefix_hit_tokens,
                  num_computed_tokens=s.num_computed_tokens, num_generated_tokens=s.num_generated_tokens,
                  num_preemptions=s.num_preemptions, num_steps=s.num_steps,
-                 num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running)
+                 num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running,
+                 num_spec_rows=s.num_spec_rows, num_draft_tokens=s.num_draft_tokens,
+                 num_accepted_tokens=s.num_accepted_tokens)
 
 
 class EngineCore:
@@ -98,12 +101,15 @@ class EngineCore:
         from k3serve.engine.engine import LLMEngine
         from k3serve.engine.llm import parse_dtype
         from k3serve.engine.guided import MIN_VOCAB, GuidedDecoding
+        from k3serve.engine.spec.config import SpeculativeConfig
 
         torch.manual_seed(spec.seed)
         torch.set_num_threads(max(1, torch.get_num_threads()))
         config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                               kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
-                              max_model_len=spec.max_model_len)
+                              max_model_len=spec.max_model_len,
+                              speculative_config=None if spec.speculative_config is None
+                              else SpeculativeConfig.parse(spec.speculative_config))
         # token ids only: text and stop strings are the client's job (engine/detokenizer.py)
         self.engine = LLMEngine(spec.model, config=config, dtype=parse_dtype(spec.dtype), device=spec.device)
         eos = self.engine.eos_token_ids

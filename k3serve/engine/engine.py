@@ -153,7 +153,8 @@ class LLMEngine:
             num_snapshot_slots=self.states.num_snapshot_slots, num_snapshots=self.states.num_snapshots,
             num_admitted_tokens=s.num_admitted_tokens, num_prefix_hit_tokens=s.num_hit_tokens,
             num_computed_tokens=s.num_computed_tokens, num_generated_tokens=self.num_generated_tokens,
-            num_preemptions=s.num_preemptions, num_steps=self.num_steps)
+            num_preemptions=s.num_preemptions, num_steps=self.num_steps, num_spec_rows=s.num_spec_rows,
+            num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens)
 
     def reset_prefix_cache(self) -> None:
         self.blocks.clear_cache()

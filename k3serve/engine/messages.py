@@ -70,6 +70,9 @@ class Stats(msgspec.Struct, frozen=True):
     num_steps: int = 0
     num_free_slots: int = 0
     num_slots: int = 0
+    num_spec_rows: int = 0  # speculative decoding: verify rows, drafts proposed, drafts accepted
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):

@@ -95,6 +95,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
                    help="disable prefix caching")
     e.add_argument("--seed", type=int, default=0, help="engine random seed")
+    e.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\'; methods: ngram (prompt lookup), '
+                        'suffix (suffix matching over prompt + output); also "rollback" (slots | replay) and '
+                        '"max_running" (speculation backs off above this many running requests, default 32)')
     par = p.add_argument_group("parallelism (single device only for now)")
     par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     par.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
@@ -138,7 +143,8 @@ def server_config(args: argparse.Namespace):
     engine = {"dtype": args.dtype, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "enable_prefix_caching": args.prefix_caching,
               "device": args.device, "seed": args.seed,
-              "log_stats_interval": 0.0 if args.disable_log_stats else args.log_stats_interval}
+              "log_stats_interval": 0.0 if args.disable_log_stats else args.log_stats_interval,
+              "speculative_config": args.speculative_config}
     if args.gpu_memory_utilization is not None:
         engine["kv_cache_memory"] = args.gpu_memory_utilization
     if args.kv_events:
@@ -157,10 +163,13 @@ def check_engine_flags(args: argparse.Namespace, model_path: str) -> None:
     """The engine's own checks, run here so bad flags fail in one line before any process starts."""
     from k3serve.core.config import ModelConfig
     from k3serve.engine.config import EngineConfig, check_device
+    from k3serve.engine.spec.config import SpeculativeConfig
 
     try:
         EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                     max_model_len=args.max_model_len)
+                     max_model_len=args.max_model_len,
+                     speculative_config=None if args.speculative_config is None
+                     else SpeculativeConfig.parse(args.speculative_config))
         if args.device != "cpu":  # importing torch costs a second or two; cpu is always there
             check_device(args.device)
     except ValueError as e:
