@@ -29,7 +29,7 @@ from k3serve.core.context import ForwardContext, ModelCaches, forward_context
 from k3serve.engine.multimodal import ImageEmbedder
 from k3serve.engine.request import Batch
 from k3serve.engine.sampler import sample, token_logprobs
-from k3serve.engine.spec.rejection import verify_drafts
+from k3serve.engine.spec.rejection import accept_greedy, is_plain_greedy, verify_drafts
 from k3serve.engine.spec.rollback import STRATEGIES, Rollback
 from k3serve.engine.state_rows import StateRows
 
@@ -136,9 +136,14 @@ class ModelRunner:
                 sampled[i], logprobs[i] = result.tokens[j], result.logprobs[j]
         if ctx.spec is not None:
             at = len(plain)
+            # one argmax over every verify position serves the plain greedy rows (most rows, usually)
+            targets = logits[at:].argmax(dim=-1).tolist()
             for i in ctx.spec.rows:
-                T = batch.num_new_tokens[i]
-                tokens, lps = verify_drafts(logits[at:at + T], batch.requests[i], batch.drafts[i])
+                T, req = batch.num_new_tokens[i], batch.requests[i]
+                if is_plain_greedy(req):
+                    tokens, lps = accept_greedy(targets[at - len(plain):at - len(plain) + T], batch.drafts[i]), None
+                else:
+                    tokens, lps = verify_drafts(logits[at:at + T], req, batch.drafts[i])
                 at += T
                 accepted[i], sampled[i] = tokens[:-1], tokens[-1]
                 if lps is not None:

@@ -119,3 +119,39 @@ def test_backoff_when_the_batch_is_large(tiny, eh, reference):
     assert got == reference
     s = engine.scheduler
     assert s.num_spec_rows > 0 and s.num_draft_tokens < 4 * s.num_spec_rows
+
+
+def test_logprobs_under_speculation(eh, reference):
+    model = eh.get_model("k3-tiny-random")
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=2)
+    outs = []
+    for spec in (None, SpeculativeConfig(num_speculative_tokens=3)):
+        engine = eh.make_engine(model, speculative_config=spec)
+        if spec is not None:
+            engine.scheduler.speculator.drafter = Oracle(PROMPTS[:1], eh.run_greedy(eh.make_engine(model), PROMPTS[:1],
+                                                                                   MAX_NEW))
+        engine.add_request("0", PROMPTS[0], params)
+        outs.append(eh.drain(engine)["0"])
+    off, on = outs
+    assert on.token_ids == off.token_ids and len(on.logprobs) == len(off.logprobs) == MAX_NEW
+    for a, b in zip(on.logprobs, off.logprobs):
+        assert a.keys() == b.keys() and all(abs(a[t] - b[t]) < 1e-4 for t in a)
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_real_drafters_on_the_default_model(eh, method):
+    """k3-default answering tool-calling tasks: its calls copy the request, so real drafts get accepted."""
+    import random
+
+    from training import tasks
+    from training.render import prompt_ids
+    from training.tok import load_tokenizer
+
+    tok, rng = load_tokenizer(), random.Random(5)
+    prompts = [prompt_ids(tasks.make("tool", rng, held_out=True), tok) for _ in range(2)]
+    model = eh.get_model("k3-default")
+    ref = eh.run_greedy(eh.make_engine(model, max_model_len=1024), prompts, 48)
+    engine = eh.make_engine(model, max_model_len=1024,
+                            speculative_config=SpeculativeConfig(method=method, num_speculative_tokens=4))
+    assert eh.run_greedy(engine, prompts, 48) == ref
+    assert engine.scheduler.num_accepted_tokens > 0

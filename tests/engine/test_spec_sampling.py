@@ -32,7 +32,7 @@ def _tiny_logits(eh, T):
     engine.runner.state_rows.arrange([r.slot for r in batch.requests])
     ids, ctx = engine.runner.prepare(batch)
     with torch.inference_mode(), forward_context(ctx):
-        hidden = engine.model_hidden = engine.runner.model(ids, ctx)
+        hidden = engine.runner.model(ids, ctx)
         logits = engine.runner.model.compute_logits(hidden[-T:])
     return req, logits.float()
 
@@ -152,3 +152,14 @@ def test_json_schema_requests_under_speculation(eh):
 
     got, engine = _guided_run(eh, model, SpeculativeConfig(num_speculative_tokens=4), Spoiled(), schema)
     assert got == ref and engine.scheduler.num_accepted_tokens > 0
+
+
+def test_plain_greedy_fast_path_agrees_with_verify_drafts(eh):
+    from k3serve.engine.spec.rejection import accept_greedy
+
+    req, logits = _tiny_logits(eh, 4)
+    req.params = SamplingParams(temperature=0, max_tokens=8)
+    top = logits.argmax(-1).tolist()
+    for drafts in (top[:3], [top[0], top[1] + 1, top[2]], [top[0] + 1], []):
+        T = len(drafts) + 1
+        assert accept_greedy(top[:T], drafts) == verify_drafts(logits[:T], req, drafts)[0]

@@ -38,7 +38,8 @@ class SpeculativeConfig:
               f"num_speculative_tokens must be an integer >= 0, got {k!r}")
         for name in ("prompt_lookup_max", "prompt_lookup_min", "max_running"):
             v = getattr(self, name)
-            check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name} must be an integer >= 1, got {v!r}")
+            check(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                  f"{name} must be an integer >= 1, got {v!r}")
         check(self.prompt_lookup_min <= self.prompt_lookup_max,
               f"prompt_lookup_min ({self.prompt_lookup_min}) is above prompt_lookup_max ({self.prompt_lookup_max})")
         check(self.rollback in ROLLBACKS, f"unknown rollback {self.rollback!r} (choose from {', '.join(ROLLBACKS)})")

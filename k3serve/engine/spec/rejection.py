@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 
 from k3serve.engine.request import Request
-from k3serve.engine.sampler import apply_penalties, filter_logits_reference, inverse_cdf, mask_min_tokens, token_logprobs
+from k3serve.engine.sampler import (apply_penalties, filter_logits_reference, inverse_cdf, mask_min_tokens,
+                                    token_logprobs)
 
 
 class DraftView:
@@ -74,6 +75,23 @@ def target_probs(row: torch.Tensor, req: Request) -> torch.Tensor:
     x = filter_logits_reference(x, torch.tensor([p.top_k]), torch.tensor([p.top_p], dtype=x.dtype),
                                 torch.tensor([p.min_p], dtype=x.dtype))
     return x.softmax(dim=-1)[0]
+
+
+def is_plain_greedy(req: Request) -> bool:
+    """Greedy with nothing that edits the logits and no logprobs: verification is an argmax prefix match."""
+    p = req.params
+    return (p.greedy and req.logits_processor is None and not p.needs_penalties and p.logprobs is None
+            and req.num_output_tokens >= p.min_tokens)
+
+
+def accept_greedy(targets: list[int], drafts: list[int]) -> list[int]:
+    """The emitted tokens of a plain greedy row whose argmax at each position is ``targets``."""
+    out = []
+    for j, t in enumerate(targets):
+        out.append(t)
+        if j >= len(drafts) or t != drafts[j]:
+            break
+    return out
 
 
 def verify_drafts(logits: torch.Tensor, req: Request, drafts: list[int]) -> tuple[list[int], list[dict | None] | None]:
