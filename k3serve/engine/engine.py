@@ -83,8 +83,7 @@ class LLMEngine:
         self.states = StatePool(config.max_num_seqs, self.plan.num_snapshot_slots)
         cache = HybridPrefixCache(self.blocks, self.states) if config.enable_prefix_caching else NoPrefixCache()
         spec = config.speculative_config
-        speculator = None if spec is None else Speculator(spec, config.block_size,
-                                                          align_to_blocks=config.enable_prefix_caching)
+        speculator = None if spec is None else Speculator(spec)
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    state_cache_interval=config.state_cache_interval,

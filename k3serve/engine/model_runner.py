@@ -148,11 +148,13 @@ class ModelRunner:
                 accepted[i], sampled[i] = tokens[:-1], tokens[-1]
                 if lps is not None:
                     accepted_lp[i], logprobs[i] = lps[:-1], lps[-1]
-            ctx.spec.commit([len(accepted[i]) for i in ctx.spec.rows])
+            # a verify row's boundary snapshot only when its accepted tokens reach the boundary
+            index = {i: k for k, i in enumerate(ctx.spec.rows)}
+            snaps = [(index[i], at - batch.cached_lens[i] - 1, self.state_rows.rows([slot])[0])
+                     for i, (slot, at, _) in batch.spec_snapshots.items()
+                     if batch.cached_lens[i] + 1 + len(accepted[i]) >= at]
+            ctx.spec.commit([len(accepted[i]) for i in ctx.spec.rows], snaps)
         self.copy_slots(batch.snapshots)
-        # a verify row's boundary snapshot only when its window was accepted up to the boundary
-        self.copy_slots([(batch.requests[i].slot, slot) for i, (slot, end, _) in batch.spec_snapshots.items()
-                         if batch.cached_lens[i] + 1 + len(accepted[i]) == end])
         return StepResult(sampled, logprobs, prompt_lp, accepted, accepted_lp)
 
     def _forward(self, input_ids: torch.Tensor, ctx: ForwardContext, batch: Batch) -> torch.Tensor:

@@ -109,8 +109,8 @@ class Batch:
 
     Speculative decoding: ``drafts[i]`` is None for a row outside speculation, else the row's draft tokens
     (possibly none): it feeds its last token and the drafts (``num_new_tokens[i] = 1 + len(drafts[i])``).
-    ``spec_snapshots[i] = (slot, position, fresh)``: copy row i's state to ``slot`` after the commit if the
-    committed window ends at ``position`` (``fresh``: the slot was allocated for it).
+    ``spec_snapshots[i] = (slot, position, fresh)``: at the commit, copy row i's state at ``position`` (a block
+    boundary inside its window) to ``slot`` if the accepted tokens reach it (``fresh``: the slot is new).
     """
 
     requests: list[Request] = field(default_factory=list)

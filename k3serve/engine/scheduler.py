@@ -15,8 +15,8 @@ leave (the state a follow-up turn of the conversation resumes from).
 With speculative decoding (``speculator`` set), every decode row is a verify row: its last sampled token and
 the drafts the speculator proposes (possibly none). The forward's rollback commits the accepted ones;
 ``update`` then advances the request by 1 + accepted tokens, appends the accepted drafts and the token after
-them, and gives back the MLA blocks past the committed tokens. A decode row's snapshot at a block boundary
-is taken only when the window was accepted up to that boundary.
+them, and gives back the MLA blocks past the committed tokens. A verify window that reaches a block boundary
+snapshots the state there (the rollback copies it at the commit) only if the accepted tokens reach it.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class Scheduler:
         if plan is None:
             return
         slot, at, fresh = plan
-        if end == at:
+        if end >= at:
             batch.requests[i].pending_snapshot = (slot, at)
         elif fresh:
             self.states.free_snapshot(slot)
@@ -198,11 +198,13 @@ class Scheduler:
         if drafts is None:
             self._plan_snapshot(batch, req, req.num_computed_tokens + n)
         else:
-            self._plan_verify_snapshot(batch, req, req.num_computed_tokens + n)
+            self._plan_verify_snapshot(batch, req, req.num_computed_tokens, n)
 
-    def _plan_verify_snapshot(self, batch: Batch, req: Request, end: int) -> None:
-        """A verify window ending on a block boundary: a snapshot there if every draft is accepted."""
-        if not self.cache.enabled or end % self.block_size:
+    def _plan_verify_snapshot(self, batch: Batch, req: Request, start: int, n: int) -> None:
+        """A verify window ``[start, start + n)`` reaching a block boundary: a snapshot at the last one, taken at
+        the commit if the accepted tokens reach it."""
+        end = (start + n) // self.block_size * self.block_size
+        if not self.cache.enabled or end <= start:
             return
         fresh = req.pending_snapshot is None
         slot = self.states.allocate_snapshot() if fresh else req.pending_snapshot[0]

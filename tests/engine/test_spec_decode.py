@@ -47,7 +47,7 @@ class Oracle:
 class NoRestore(SlotsRollback):
     """Deliberately wrong: leaves the state after every draft, accepted or not."""
 
-    def _commit(self, num_accepted):
+    def _commit(self, num_accepted, snapshots):
         self._slots.clear()
 
 
@@ -155,3 +155,28 @@ def test_real_drafters_on_the_default_model(eh, method):
                             speculative_config=SpeculativeConfig(method=method, num_speculative_tokens=4))
     assert eh.run_greedy(engine, prompts, 48) == ref
     assert engine.scheduler.num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("rollback", ["slots", "replay"])
+def test_follow_up_turn_resumes_from_a_snapshot_taken_inside_a_window(tiny, eh, rollback):
+    """Turn 1 decodes across block boundaries under speculation (windows straddle them); turn 2 (turn 1's
+    tokens + a new tail) must hit the snapshot published from inside a window and decode as without it."""
+    first = PROMPTS[1]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+
+    def turns(spec):
+        engine = eh.make_engine(tiny, speculative_config=spec)
+        ref1 = eh.run_greedy(eh.make_engine(tiny), [first], 30)[0]
+        if spec is not None:
+            engine.scheduler.speculator.drafter = Oracle([first], [ref1])
+        engine.add_request("t1", first, params)
+        out1 = eh.drain(engine)["t1"].token_ids
+        second = first + out1 + [11, 12, 13]
+        engine.add_request("t2", second, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        out2 = eh.drain(engine)["t2"]
+        return out1, out2.token_ids, out2.num_cached_tokens, engine
+
+    off1, off2, _, _ = turns(None)
+    on1, on2, hit, engine = turns(SpeculativeConfig(num_speculative_tokens=7, rollback=rollback))
+    assert (on1, on2) == (off1, off2)
+    assert hit == 48 and engine.scheduler.num_accepted_tokens > 0  # 21 + 30 tokens: last boundary at 48

@@ -87,3 +87,35 @@ def test_k0_everywhere_is_plain_decode_and_commit_twice_refused():
         rb.commit([0, 0, 0])
     with pytest.raises(ValueError):
         SlotsRollback(caches, [0], [2], [0]).commit([2])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_snapshots_inside_the_accepted_window(seed):
+    """A prefix-cache snapshot at a block boundary inside the window is the state after that many tokens."""
+    g = torch.Generator().manual_seed(200 + seed)
+    R = 3
+    lens = torch.randint(2, 9, (R,), generator=g).tolist()
+    accepted = [int(torch.randint(0, n, (), generator=g)) for n in lens]
+    snaps = [(i, int(torch.randint(0, accepted[i] + 1, (), generator=g)), R + 3 + i) for i in range(R)]
+    n = sum(lens)
+    qkv, f, b = torch.randn(n, 3 * P, generator=g), torch.randn(n, H, K, generator=g), torch.randn(n, H, generator=g)
+    step = _layer(seed)
+    pool_rows = [2, 0, 4]
+    got = {}
+    for cls in (SlotsRollback, ReplayRollback):
+        caches = _caches(2 * R + 3, seed)
+        idx = torch.tensor(pool_rows)
+        conv, state = caches.kda_conv[0][idx], caches.kda_state[0][idx]
+        rb = cls(caches, list(range(R)), lens, pool_rows)
+        rb.verify(0, step, qkv, f, b, conv, state)
+        caches.kda_conv[0][idx], caches.kda_state[0][idx] = conv, state
+        rb.commit(accepted, snaps)
+        got[cls.name] = (caches.kda_conv[0][R + 3:].clone(), caches.kda_state[0][R + 3:].clone())
+    caches = _caches(2 * R + 3, seed)
+    starts = [sum(lens[:i]) for i in range(R)]
+    for i, j, _ in snaps:
+        r = pool_rows[i]
+        conv, state = caches.kda_conv[0][r:r + 1].clone(), caches.kda_state[0][r:r + 1].clone()
+        run_positions(step, qkv, f, b, conv, state, [starts[i]], [j + 1])
+        for name, (pc, ps) in got.items():
+            assert torch.equal(pc[i], conv[0]) and torch.equal(ps[i], state[0]), (name, i, j)

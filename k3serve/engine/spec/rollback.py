@@ -79,20 +79,25 @@ class Rollback:
         run_positions(step, qkv, f, b, conv, state, self.starts, self.lens, out, keep)
         return out
 
-    def commit(self, num_accepted: list[int]) -> None:
-        """Leave row i's state after ``1 + num_accepted[i]`` tokens in the pool."""
+    def commit(self, num_accepted: list[int], snapshots: list[tuple[int, int, int]] = ()) -> None:
+        """Leave row i's state after ``1 + num_accepted[i]`` tokens in the pool. ``snapshots``: (row i, position
+        j <= num_accepted[i], pool row) copies of row i's state after its token j (a prefix-cache snapshot at a
+        block boundary inside the accepted window)."""
         if self.committed:
             raise RuntimeError("a speculative step was committed twice")
         bad = [i for i, (a, n) in enumerate(zip(num_accepted, self.lens)) if not 0 <= a < n]
         if len(num_accepted) != len(self.lens) or bad:
             raise ValueError(f"num_accepted: need one count in [0, lens[i]) per row, got {num_accepted}")
+        if any(not 0 <= j <= num_accepted[i] for i, j, _ in snapshots):
+            raise ValueError(f"snapshots: positions must lie in the accepted window, got {snapshots}")
         self.committed = True
-        self._commit(num_accepted)
+        self._commit(num_accepted, list(snapshots))
 
-    def _write(self, layer: int, rows: list[int], conv: torch.Tensor, state: torch.Tensor) -> None:
+    def _write(self, layer: int, rows: list[int], conv: torch.Tensor, state: torch.Tensor,
+               dst_rows: list[int] | None = None) -> None:
         if not rows:
             return
-        dst = torch.tensor([self.pool_rows[i] for i in rows], device=state.device)
+        dst = torch.tensor(dst_rows or [self.pool_rows[i] for i in rows], device=state.device)
         self.caches.kda_conv[layer].index_copy_(0, dst, conv.to(self.caches.kda_conv[layer].dtype))
         self.caches.kda_state[layer].index_copy_(0, dst, state)
 
@@ -102,7 +107,7 @@ class Rollback:
     def _keeper(self, layer: int):  # noqa: ANN202
         return None
 
-    def _commit(self, num_accepted: list[int]) -> None:
+    def _commit(self, num_accepted: list[int], snapshots: list[tuple[int, int, int]]) -> None:
         raise NotImplementedError
 
 
@@ -118,10 +123,16 @@ class ReplayRollback(Rollback):
     def _start(self, layer, step, qkv, f, b, conv, state) -> None:  # noqa: ANN001
         self._saved[layer] = (step, qkv.clone(), f.clone(), b.clone(), conv.clone(), state.clone())
 
-    def _commit(self, num_accepted: list[int]) -> None:
+    def _commit(self, num_accepted: list[int], snapshots: list[tuple[int, int, int]]) -> None:
         lens = [1 + a for a in num_accepted]
         for layer, (step, qkv, f, b, conv, state) in self._saved.items():
-            run_positions(step, qkv, f, b, conv, state, self.starts, lens)
+            def keep(j, act, cs, st, layer=layer):  # noqa: ANN001, ANN202
+                for i, at, dst in snapshots:
+                    if at == j:
+                        k = act.index(i)
+                        self._write(layer, [i], cs[k:k + 1], st[k:k + 1], [dst])
+
+            run_positions(step, qkv, f, b, conv, state, self.starts, lens, keep=keep if snapshots else None)
             self._write(layer, list(range(len(lens))), conv, state)
         self._saved.clear()
 
@@ -156,9 +167,19 @@ class SlotsRollback(Rollback):
 
         return keep
 
-    def _commit(self, num_accepted: list[int]) -> None:
+    def _commit(self, num_accepted: list[int], snapshots: list[tuple[int, int, int]]) -> None:
+        for layer in self.caches.kda_state:  # before the commit overwrites a live (last-position) state
+            for i, j, dst in snapshots:
+                if j == self.lens[i] - 1:
+                    src = self.pool_rows[i]
+                    conv, state = self.caches.kda_conv[layer], self.caches.kda_state[layer]
+                    conv[dst], state[dst] = conv[src], state[src]
+                else:
+                    sc, ss = self._slots[layer]
+                    self._write(layer, [i], sc[i, j][None], ss[i, j][None], [dst])
         rows = [i for i, (a, n) in enumerate(zip(num_accepted, self.lens)) if a < n - 1]
         if not rows:
+            self._slots.clear()
             return
         for layer, (sc, ss) in self._slots.items():
             idx = torch.tensor(rows, device=ss.device)

@@ -1,9 +1,7 @@
 """The scheduler's side of speculative decoding: how many drafts a decode row gets this step, and from where.
 
 A decode row gets ``k = num_speculative_tokens`` drafts from the drafter, capped so that its window stays
-inside the request's limits (``max_tokens``, ``max_model_len``), the step's token budget and, with prefix
-caching on, the current MLA block (a window never passes a block boundary, so a KDA snapshot taken at a
-boundary is the committed state after the whole window). While more than ``max_running`` requests run,
+inside the request's limits (``max_tokens``, ``max_model_len``) and the step's token budget. While more than ``max_running`` requests run,
 speculation backs off to k = 0: large batches are compute-bound and drafts would only cost. A row with k = 0
 still takes the verify path (``rollback.Rollback``); drafts are never a special case.
 """
@@ -16,10 +14,8 @@ from k3serve.engine.spec.drafters import make_drafter
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, block_size: int, *, align_to_blocks: bool):
+    def __init__(self, config: SpeculativeConfig):
         self.config = config
-        self.block_size = block_size
-        self.align_to_blocks = align_to_blocks
         self.drafter = make_drafter(config.method, prompt_lookup_min=config.prompt_lookup_min,
                                     prompt_lookup_max=config.prompt_lookup_max)
         self.num_backoff_steps = 0  # steps in which the batch size turned speculation off
@@ -33,9 +29,6 @@ class Speculator:
             return 0
         # the window appends up to k + 1 tokens: all must fit max_tokens and max_model_len
         k = min(k, req.max_tokens - req.num_output_tokens - 1, req.max_model_len - req.num_tokens - 1, budget - 1)
-        if self.align_to_blocks:
-            c = req.num_computed_tokens
-            k = min(k, (c // self.block_size + 1) * self.block_size - c - 1)
         return max(k, 0)
 
     def propose(self, req: Request, k: int) -> list[int]:
