@@ -180,3 +180,30 @@ def test_follow_up_turn_resumes_from_a_snapshot_taken_inside_a_window(tiny, eh, 
     on1, on2, hit, engine = turns(SpeculativeConfig(num_speculative_tokens=7, rollback=rollback))
     assert (on1, on2) == (off1, off2)
     assert hit == 48 and engine.scheduler.num_accepted_tokens > 0  # 21 + 30 tokens: last boundary at 48
+
+
+def test_penalties_min_tokens_and_stops_under_speculation(eh):
+    """Penalties and min_tokens see the accepted drafts as output; a stop id inside an accepted window ends
+    the request there (the rest of the window is dropped)."""
+    model = eh.get_model("k3-tiny-random")
+    prompt = PROMPTS[1]
+
+    def run(spec, params, drafter_ref=None):
+        engine = eh.make_engine(model, speculative_config=spec)
+        if spec is not None:
+            engine.scheduler.speculator.drafter = Oracle([prompt], [drafter_ref])
+        engine.add_request("p", prompt, params)
+        return eh.drain(engine)["p"], engine
+
+    pen = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3,
+                         presence_penalty=0.5, frequency_penalty=0.2, min_tokens=5)
+    off, _ = run(None, pen)
+    on, engine = run(SpeculativeConfig(num_speculative_tokens=4), pen, off.token_ids)
+    assert on.token_ids == off.token_ids and engine.scheduler.num_accepted_tokens > 0
+    stop = off.token_ids[9]
+    stop_params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3,
+                                 presence_penalty=0.5, frequency_penalty=0.2, stop_token_ids=[stop])
+    off_s, _ = run(None, stop_params)
+    on_s, engine = run(SpeculativeConfig(num_speculative_tokens=6), stop_params, off.token_ids)
+    assert on_s.token_ids == off_s.token_ids and on_s.finish_reason == off_s.finish_reason == "stop"
+    assert engine.blocks.num_used == 0
