@@ -11,6 +11,10 @@ Caches (allocated by the engine or ``models.cache.allocate_caches``):
     ``[num_slots, 3·P, W-1]`` (q|k|v channels, the last W-1 pre-conv inputs); sequence ``i`` owns slot
     ``state_slots[i]``.
 
+With speculative decoding on, ``spec`` names the step's decode rows (1 + k tokens each: the last sampled
+token and k drafts); the KDA layers run them through the per-token decode step under ``spec`` (which can roll
+back the state of rejected drafts) whatever the batch's shape.
+
 ``ModelCaches.workspace`` hands out reusable scratch buffers for large per-step temporaries (the MLA decode
 latent gather): a fresh multi-MiB tensor every step costs page faults on CPU, a kept buffer does not.
 
@@ -23,6 +27,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import torch
 
@@ -60,6 +65,9 @@ class ForwardContext:
     caches: ModelCaches
     host_cu_seqlens: list[int] | None = None  # cu_seqlens on the host, when the caller has them (no read-back)
     host_state_slots: list[int] | None = None  # state_slots on the host, when the caller has them (no read-back)
+    # speculative decoding: the step's rollback (``engine.spec.rollback.Rollback``); its ``rows`` (decode rows,
+    # ascending batch indices) go through ``spec.verify`` in every KDA layer instead of the prefill path
+    spec: Any = None
     seq_lens: list[int] = field(init=False)  # [B] new tokens per sequence
     slot_mapping: torch.Tensor = field(init=False)  # [N] flat MLA cache slot of each new token
     has_initial_state: torch.Tensor = field(init=False)  # [B] bool, sequence continues cached state

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from k3serve.engine.spec.config import SpeculativeConfig
+
 
 def _check(cond: bool, name: str, msg: str) -> None:
     if not cond:
@@ -24,6 +26,7 @@ class EngineConfig:
     # BLAKE2b key of the prefix-cache block hashes (core.hashing); b"": unkeyed. Set from the KV events secret
     # (core.kv_auth) so published hashes reveal nothing without it; a router must hash with the same key.
     hash_key: bytes = field(default=b"", repr=False)
+    speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
@@ -41,6 +44,8 @@ class EngineConfig:
                f"must be >= 2, got {self.max_model_len}")
         _check(isinstance(self.hash_key, bytes) and len(self.hash_key) <= 64, "hash_key",
                "must be at most 64 bytes")
+        _check(self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig),
+               "speculative_config", "must be a SpeculativeConfig (SpeculativeConfig.parse reads the JSON form)")
 
 
 def check_device(device: str) -> None:

@@ -74,7 +74,9 @@ def _stats(engine, pd=None) -> Stats:
                  num_admitted_tokens=s.num_admitted_tokens, num_prefix_hit_tokens=s.num_prefix_hit_tokens,
                  num_computed_tokens=s.num_computed_tokens, num_generated_tokens=s.num_generated_tokens,
                  num_preemptions=s.num_preemptions, num_steps=s.num_steps,
-                 num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running, **extra)
+                 num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running,
+                 num_spec_rows=s.num_spec_rows, num_draft_tokens=s.num_draft_tokens,
+                 num_accepted_tokens=s.num_accepted_tokens, **extra)
 
 
 def _kv_events_key(spec: CoreSpec):
@@ -93,7 +95,6 @@ def _kv_events_key(spec: CoreSpec):
 class EngineCore:
     def __init__(self, spec: CoreSpec, par=None, group=None):
         from k3serve.engine.guided import MIN_VOCAB, GuidedDecoding
-
         key = _kv_events_key(spec)
         self.group = group  # the tp step channel when this core is rank 0 of several
         self.engine = build_engine(spec, par, group, hash_key=key.hash_key if key else b"")

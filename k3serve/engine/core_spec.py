@@ -27,6 +27,7 @@ class CoreSpec(msgspec.Struct, frozen=True):
     role: str = "both"  # prefill | decode | both (engine/pd/role.py)
     handoff_host: str = "127.0.0.1"  # prefill role: where its hand-off sender listens (a random port)
     handoff_timeout_s: float = 30.0  # a hand-off not acked (prefill) or not answered (decode) by then is dropped
+    speculative_config: str | None = None  # JSON of spec.config.SpeculativeConfig; None: no speculation
     tensor_parallel_size: int = 1  # ranks of this engine replica; rank 0 is this process (engine/ranks.py)
     expert_parallel: bool = False
     nnodes: int = 1  # hosts the ranks span; host 0 runs rank 0
@@ -58,12 +59,15 @@ def build_engine(spec: CoreSpec, par=None, group=None, hash_key: bytes = b""):
     from k3serve.engine.config import EngineConfig
     from k3serve.engine.engine import LLMEngine
     from k3serve.engine.llm import parse_dtype
+    from k3serve.engine.spec.config import SpeculativeConfig
 
     torch.manual_seed(spec.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                           kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
-                          max_model_len=spec.max_model_len, hash_key=hash_key)
+                          max_model_len=spec.max_model_len, hash_key=hash_key,
+                          speculative_config=None if spec.speculative_config is None
+                          else SpeculativeConfig.parse(spec.speculative_config))
     par = par or SINGLE
     device = spec.rank_device(par.rank)
     if device.startswith("cuda:"):

@@ -33,6 +33,7 @@ from k3serve.engine.request import Batch, Request, RequestStatus
 HELD = RequestStatus.HELD
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.engine.scheduler import Scheduler
+from k3serve.engine.spec.speculator import Speculator
 from k3serve.engine.state_pool import StatePool
 from k3serve.engine.step_inputs import StepInputs
 from k3serve.engine.tp_group import TPGroup
@@ -106,12 +107,15 @@ class LLMEngine:
         self.blocks = BlockPool(self.plan.num_blocks, config.block_size)
         self.states = StatePool(config.max_num_seqs, self.plan.num_snapshot_slots)
         cache = HybridPrefixCache(self.blocks, self.states, config.hash_key) if config.enable_prefix_caching else NoPrefixCache()
+        spec = config.speculative_config
+        speculator = None if spec is None else Speculator(spec)
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    state_cache_interval=config.state_cache_interval,
-                                   blocks=self.blocks, states=self.states, cache=cache)
+                                   blocks=self.blocks, states=self.states, cache=cache, speculator=speculator)
         self.runner = ModelRunner(model, caches, device, placeholder_id=model_config.media_placeholder_token_id,
-                                  group=group if group is not None and group.is_leader else None)
+                                  group=group if group is not None and group.is_leader else None,
+                                  rollback=None if spec is None else spec.rollback)
         self._arrivals = 0
         self.num_steps = 0
         self.num_generated_tokens = 0
@@ -122,9 +126,9 @@ class LLMEngine:
         if not batch:
             return []
         result = self.runner.run(batch)
-        self.scheduler.update(batch, result.sampled)
+        appended = self.scheduler.update(batch, result.sampled, result.accepted)
         self.num_steps += 1
-        return self._process(batch, result)
+        return self._process(batch, result, appended)
 
     def dummy_step(self) -> None:
         """A one-token forward that belongs to no request (an idle data-parallel rank keeps in step with the
@@ -186,24 +190,25 @@ class LLMEngine:
             num_snapshot_slots=self.states.num_snapshot_slots, num_snapshots=self.states.num_snapshots,
             num_admitted_tokens=s.num_admitted_tokens, num_prefix_hit_tokens=s.num_hit_tokens,
             num_computed_tokens=s.num_computed_tokens, num_generated_tokens=self.num_generated_tokens,
-            num_preemptions=s.num_preemptions, num_steps=self.num_steps)
+            num_preemptions=s.num_preemptions, num_steps=self.num_steps, num_spec_rows=s.num_spec_rows,
+            num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens)
 
     def reset_prefix_cache(self) -> None:
         self.blocks.clear_cache()
         self.states.clear_cache()
 
-    def _process(self, batch: Batch, result: StepResult) -> list[RequestOutput]:
+    def _process(self, batch: Batch, result: StepResult, appended: list[int]) -> list[RequestOutput]:
         outputs = []
         for i, req in enumerate(batch.requests):
             if req.wants_prompt_logprobs:
                 record_prompt_logprobs(req, batch.cached_lens[i], result.prompt_logprobs[i] or [])
-            token = result.sampled[i]
-            if token is None:
+            if result.sampled[i] is None:
                 continue
-            self.num_generated_tokens += 1
+            n = appended[i]  # a verify row emits its accepted drafts first; a stop may cut them short
+            self.num_generated_tokens += n
             if result.logprobs[i] is not None:
-                req.logprobs.append(result.logprobs[i])
-            outputs.append(self._output(req, [token]))
+                req.logprobs += [*(result.accepted_logprobs[i] or []), result.logprobs[i]][:n]
+            outputs.append(self._output(req, req.token_ids[req.num_tokens - n:]))
         return outputs
 
     def _output(self, req: Request, new_tokens: list[int]) -> RequestOutput:

@@ -11,6 +11,11 @@ with a vision tower also get ``image_embeds [n, d]``, one row per placeholder po
 requests that asked for prompt logprobs. The logits processors of the sampling rows are prepared before the
 forward (their work overlaps it) and applied by the sampler. ``run`` is rank 0's step; a worker rank calls
 ``execute`` with the inputs rank 0 broadcast (``engine/worker.py``).
+
+Speculative decoding (``rollback`` set; one rank only): the batch's decode rows feed their last token and their
+drafts; the KDA layers run them under a ``spec.rollback`` strategy, logits are computed at each of their
+positions, ``spec.rejection.verify_drafts`` picks the accepted drafts and the next token, and the rollback
+commits the state after the accepted tokens before any snapshot copy reads it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from k3serve.core.context import ForwardContext, ModelCaches, forward_context
 from k3serve.engine.multimodal import ImageEmbedder
 from k3serve.engine.request import Batch
 from k3serve.engine.sampler import sample, token_logprobs
+from k3serve.engine.spec.rejection import accept_greedy, is_plain_greedy, verify_drafts
+from k3serve.engine.spec.rollback import STRATEGIES, Rollback
 from k3serve.engine.state_rows import StateRows
 from k3serve.engine.step_inputs import StepInputs
 
@@ -34,6 +41,8 @@ class StepResult:
     sampled: list[int | None]  # per batch row; None when the request did not reach its last token
     logprobs: list[dict[int, float] | None] = field(default_factory=list)
     prompt_logprobs: list[list[dict[int, float]] | None] = field(default_factory=list)  # per row, this chunk
+    accepted: list[list[int]] = field(default_factory=list)  # per row: accepted drafts, emitted before sampled
+    accepted_logprobs: list[list[dict[int, float]] | None] = field(default_factory=list)
 
 
 def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
@@ -46,9 +55,14 @@ def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, caches: ModelCaches, device: torch.device | str = "cpu", *,
-                 placeholder_id: int | None = None, group=None):
+                 placeholder_id: int | None = None, group=None,
+                 rollback: str | type[Rollback] | None = None):
         self.model = model
         self.group = group  # a TPGroup when this is rank 0 of several: each step is broadcast before it runs
+        # speculative decoding's state rollback strategy (a name in spec.rollback.STRATEGIES, or a class)
+        self.rollback = STRATEGIES[rollback] if isinstance(rollback, str) else rollback
+        if self.rollback is not None and group is not None:
+            raise ValueError("speculative decoding runs on one rank only for now (--tensor-parallel-size 1)")
         self.caches = caches
         self.device = torch.device(device)
         kda = [*caches.kda_state.values(), *caches.kda_conv.values()]
@@ -65,11 +79,16 @@ class ModelRunner:
         for cache in (*self.caches.kda_state.values(), *self.caches.kda_conv.values()):
             cache.index_copy_(0, dst, cache.index_select(0, src))
 
-    def inputs(self, batch: Batch) -> StepInputs:
-        """The batch as ids (rank 0 only: it reads the requests), for every tp rank to run."""
+    def inputs(self, batch: Batch, plain: list[int], verify: list[int]) -> StepInputs:
+        """The batch as ids (rank 0 only: it reads the requests), for every tp rank to run. Logits rows: the
+        last position of each ``plain`` sampling row, then every position of each ``verify`` row."""
         ids: list[int] = []
-        for req, start, n in zip(batch.requests, batch.cached_lens, batch.num_new_tokens):
-            ids += req.token_ids[start:start + n]
+        for req, start, n, drafts in zip(batch.requests, batch.cached_lens, batch.num_new_tokens, batch.drafts):
+            if drafts is None:
+                ids += req.token_ids[start:start + n]
+            else:
+                ids += req.token_ids[start:start + n - len(drafts)]
+                ids += drafts
         width = max(len(r.block_ids) for r in batch.requests)
         tables: list[int] = []
         for r in batch.requests:
@@ -84,28 +103,33 @@ class ModelRunner:
             num = min(start + n, req.num_prompt_tokens - 1) - start  # positions whose next token is prompt
             if req.wants_prompt_logprobs and num > 0:
                 spans.append((cu[i + 1] - n, num))
+        picks = [cu[i + 1] - 1 for i in plain]
+        for i in verify:
+            picks += range(cu[i + 1] - batch.num_new_tokens[i], cu[i + 1])
         embeds = None
         if self.images is not None:
             embeds = self.images(batch.requests, batch.cached_lens, batch.num_new_tokens)
         return StepInputs(ids, cu, list(batch.cached_lens), [r.slot for r in batch.requests], tables, width,
-                          list(batch.state_copies), list(batch.snapshots),
-                          [cu[i + 1] - 1 for i in range(len(batch)) if batch.samples(i)], spans, embeds)
+                          list(batch.state_copies), list(batch.snapshots), picks, spans, embeds)
 
-    def context(self, s: StepInputs) -> ForwardContext:
+    def context(self, s: StepInputs, rollback=None) -> ForwardContext:
         # the layout goes to the device once and stays on the host too: nothing reads it back
         rows = self.state_rows.rows(s.slots)
         return ForwardContext(cu_seqlens=long_tensor(s.cu_seqlens, self.device), cached_lens=s.cached_lens,
                               state_slots=long_tensor(rows, self.device),
                               block_tables=long_tensor(s.block_tables, self.device).view(len(s.slots), s.width),
-                              caches=self.caches, host_cu_seqlens=s.cu_seqlens, host_state_slots=rows)
+                              caches=self.caches, host_cu_seqlens=s.cu_seqlens, host_state_slots=rows,
+                              spec=rollback(rows) if rollback is not None else None)
 
     @torch.inference_mode()
-    def execute(self, s: StepInputs) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    def execute(self, s: StepInputs, rollback=None, settle=None) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """Run one step on this rank's caches: (logits of ``logit_rows``, logits of each prompt span). Every
-        tp rank calls this with the same inputs; only rank 0 uses the logits."""
+        tp rank calls this with the same inputs; only rank 0 uses the logits. Rank 0's ``rollback(rows)``
+        makes the step's speculative rollback and ``settle(ctx, logits)`` samples (and commits the rollback)
+        before the snapshot copies read the states."""
         self.copy_slots(s.copies_before)
         self.state_rows.arrange(s.slots)
-        ctx = self.context(s)
+        ctx = self.context(s, rollback)
         with forward_context(ctx):
             input_ids = long_tensor(s.input_ids, self.device)
             if s.image_embeds is None:
@@ -114,26 +138,65 @@ class ModelRunner:
                 hidden = self.model(input_ids, ctx, image_embeds=s.image_embeds.to(self.device))
             logits = self.model.compute_logits(hidden[s.logit_rows]) if s.logit_rows else None
             spans = [self.model.compute_logits(hidden[first:first + num]) for first, num in s.prompt_spans]
+        if settle is not None:
+            settle(ctx, logits)
         self.copy_slots(s.copies_after)
         return logits, spans
+
+    def _rollback(self, batch: Batch, slots: list[int]) -> Rollback | None:
+        rows = batch.spec_rows if self.rollback is not None else []
+        if not rows:
+            return None
+        return self.rollback(self.caches, rows, [batch.num_new_tokens[i] for i in rows], [slots[i] for i in rows])
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepResult:
         rows = [i for i in range(len(batch)) if batch.samples(i)]
-        reqs = [batch.requests[i] for i in rows]
-        for req in reqs:  # processors start their work (grammar masks) now, to overlap the forward
+        spec = set(batch.spec_rows) if self.rollback is not None else set()
+        plain = [i for i in rows if i not in spec]
+        for i in rows:  # processors start their work (grammar masks) now, to overlap the forward
+            req = batch.requests[i]
             if req.logits_processor is not None:
                 req.logits_processor.prepare(req.output_token_ids)
-        s = self.inputs(batch)
+        s = self.inputs(batch, plain, sorted(spec))
         if self.group is not None:
             self.group.send_step(s)
-        logits, span_logits = self.execute(s)
-        result = sample(logits, reqs) if logits is not None else None  # None: no request reached its end
-        sampled: list[int | None] = [None] * len(batch)
-        logprobs: list[dict[int, float] | None] = [None] * len(batch)
-        for j, i in enumerate(rows):
-            sampled[i], logprobs[i] = result.tokens[j], result.logprobs[j]
-        return StepResult(sampled, logprobs, self._prompt_logprobs(batch, span_logits))
+        n = len(batch)
+        out = StepResult([None] * n, [None] * n, [], [[] for _ in range(n)], [None] * n)
+
+        def settle(ctx: ForwardContext, logits: torch.Tensor | None) -> None:
+            if plain:
+                result = sample(logits[:len(plain)], [batch.requests[i] for i in plain])
+                for j, i in enumerate(plain):
+                    out.sampled[i], out.logprobs[i] = result.tokens[j], result.logprobs[j]
+            if ctx.spec is not None:
+                self._verify(batch, len(plain), ctx, logits, out)
+
+        _, span_logits = self.execute(s, (lambda slots: self._rollback(batch, slots)) if spec else None, settle)
+        out.prompt_logprobs = self._prompt_logprobs(batch, span_logits)
+        return out
+
+    def _verify(self, batch: Batch, at: int, ctx: ForwardContext, logits: torch.Tensor, out: StepResult) -> None:
+        """The verify rows' accepted drafts and next token (logits rows from ``at`` on), then the commit."""
+        first = at
+        # one argmax over every verify position serves the plain greedy rows (most rows, usually)
+        targets = logits[at:].argmax(dim=-1).tolist()
+        for i in ctx.spec.rows:
+            T, req = batch.num_new_tokens[i], batch.requests[i]
+            if is_plain_greedy(req):
+                tokens, lps = accept_greedy(targets[at - first:at - first + T], batch.drafts[i]), None
+            else:
+                tokens, lps = verify_drafts(logits[at:at + T], req, batch.drafts[i])
+            at += T
+            out.accepted[i], out.sampled[i] = tokens[:-1], tokens[-1]
+            if lps is not None:
+                out.accepted_logprobs[i], out.logprobs[i] = lps[:-1], lps[-1]
+        # a verify row's boundary snapshot only when its accepted tokens reach the boundary
+        index = {i: k for k, i in enumerate(ctx.spec.rows)}
+        snaps = [(index[i], pos - batch.cached_lens[i] - 1, self.state_rows.rows([slot])[0])
+                 for i, (slot, pos, _) in batch.spec_snapshots.items()
+                 if batch.cached_lens[i] + 1 + len(out.accepted[i]) >= pos]
+        ctx.spec.commit([len(out.accepted[i]) for i in ctx.spec.rows], snaps)
 
     def _prompt_logprobs(self, batch: Batch, span_logits: list[torch.Tensor]) -> list[list[dict[int, float]] | None]:
         """Logprob of each next prompt token at every prompt position this chunk computed (``inputs`` made

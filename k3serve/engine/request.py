@@ -109,6 +109,11 @@ class Batch:
     ``state_copies`` are KDA slot copies (src, dst) done before the forward (prefix hits: snapshot -> slot);
     ``snapshots`` are copies done after it (running slot -> snapshot slot), published under
     ``snapshot_keys`` (None: a request's pending decode snapshot, published when it leaves).
+
+    Speculative decoding: ``drafts[i]`` is None for a row outside speculation, else the row's draft tokens
+    (possibly none): it feeds its last token and the drafts (``num_new_tokens[i] = 1 + len(drafts[i])``).
+    ``spec_snapshots[i] = (slot, position, fresh)``: at the commit, copy row i's state at ``position`` (a block
+    boundary inside its window) to ``slot`` if the accepted tokens reach it (``fresh``: the slot is new).
     """
 
     requests: list[Request] = field(default_factory=list)
@@ -117,11 +122,19 @@ class Batch:
     state_copies: list[tuple[int, int]] = field(default_factory=list)
     snapshots: list[tuple[int, int]] = field(default_factory=list)
     snapshot_keys: list[int | None] = field(default_factory=list)
+    drafts: list[list[int] | None] = field(default_factory=list)
+    spec_snapshots: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
 
-    def add(self, req: Request, num_new: int) -> None:
+    def add(self, req: Request, num_new: int, drafts: list[int] | None = None) -> None:
         self.requests.append(req)
         self.num_new_tokens.append(num_new)
         self.cached_lens.append(req.num_computed_tokens)
+        self.drafts.append(drafts)
+
+    @property
+    def spec_rows(self) -> list[int]:
+        """Rows that verify drafts (k = 0 included), ascending."""
+        return [i for i, d in enumerate(self.drafts) if d is not None]
 
     @property
     def num_tokens(self) -> int:
@@ -132,4 +145,5 @@ class Batch:
 
     def samples(self, i: int) -> bool:
         """Whether request ``i`` reaches its last token in this step (and so samples the next one)."""
-        return self.cached_lens[i] + self.num_new_tokens[i] == self.requests[i].num_tokens
+        drafts = (self.drafts[i] or ()) if self.drafts else ()
+        return self.cached_lens[i] + self.num_new_tokens[i] - len(drafts) == self.requests[i].num_tokens

@@ -16,6 +16,12 @@ Prefill/decode disaggregation (``engine/pd``): a ``prefill_only`` request is *he
 (off the running list, keeping its slot and blocks) until the decode side acknowledges the hand-off; on the
 decode side an import is held from its reservation until its manifest arrives. Held requests count against
 ``max_num_seqs`` like running ones.
+
+With speculative decoding (``speculator`` set), every decode row is a verify row: its last sampled token and
+the drafts the speculator proposes (possibly none). The forward's rollback commits the accepted ones;
+``update`` then advances the request by 1 + accepted tokens, appends the accepted drafts and the token after
+them, and gives back the MLA blocks past the committed tokens. A verify window that reaches a block boundary
+snapshots the state there (the rollback copies it at the commit) only if the accepted tokens reach it.
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ from collections import deque
 from k3serve.engine.block_pool import BlockPool
 from k3serve.engine.prefix_cache import PrefixCache, PrefixMatch
 from k3serve.engine.request import Batch, Request, RequestStatus
+from k3serve.engine.spec.speculator import Speculator
 from k3serve.engine.state_pool import StatePool
 
 
 class Scheduler:
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, state_cache_interval: int,
-                 blocks: BlockPool, states: StatePool, cache: PrefixCache):
+                 blocks: BlockPool, states: StatePool, cache: PrefixCache, speculator: Speculator | None = None):
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens
         self.interval = state_cache_interval
@@ -44,6 +51,10 @@ class Scheduler:
         self.num_admitted_tokens = 0  # tokens of admitted requests (prefix-cache queries)
         self.num_hit_tokens = 0
         self.num_computed_tokens = 0  # tokens fed to the model, all steps
+        self.speculator = speculator
+        self.num_spec_rows = 0  # decode rows verified (k = 0 included)
+        self.num_draft_tokens = 0  # drafts proposed and verified
+        self.num_accepted_tokens = 0  # drafts accepted
 
     def add(self, req: Request) -> None:
         if req.request_id in self.requests:
@@ -62,36 +73,78 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            n = self._chunk(req, budget)
+            drafts = self._drafts(req, budget)
+            n = self._chunk(req, budget) if drafts is None else 1 + len(drafts)
             if not self._make_room(req, n):
                 break
-            self._schedule(batch, req, n)
+            self._schedule(batch, req, n, drafts)
             budget -= n
         while (self.waiting and budget > 0 and self.num_preemptions == preemptions_before
                and len(self.running) + len(self.held) < self.max_num_seqs and self._admit(batch, self.waiting[0], budget)):
             budget -= batch.num_new_tokens[-1]
         return batch
 
-    def update(self, batch: Batch, sampled: list[int | None]) -> None:
+    def update(self, batch: Batch, sampled: list[int | None], accepted: list[list[int]] | None = None) -> list[int]:
         """Account for a finished forward: advance lengths, cache full blocks, publish snapshots, append the
-        sampled tokens and finish the requests that hit a token-level stop."""
+        sampled tokens (after a verify row's ``accepted`` drafts) and finish the requests that hit a token-level
+        stop. Returns the number of tokens appended per row."""
+        appended = []
         for src, _ in batch.state_copies:
             self.states.release(src)
         for (_, slot), key in zip(batch.snapshots, batch.snapshot_keys):
             if key is not None:
                 self.states.publish(slot, key)
-        for req, n, token in zip(batch.requests, batch.num_new_tokens, sampled):
-            req.num_computed_tokens += n
-            self.num_computed_tokens += n
-            self.cache.cache_blocks(req)
-            if token is not None:
-                req.token_ids.append(token)
-                if req.prefill_only:  # the decode side applies the stop rules to this token
-                    self._hold(req)
-                    continue
+        for i, (req, n, token) in enumerate(zip(batch.requests, batch.num_new_tokens, sampled)):
+            drafts = batch.drafts[i]
+            if drafts is None:
+                new, computed = ([] if token is None else [token]), n
+            else:
+                new = [*accepted[i], token]
+                computed = len(new)  # the row's last token and the accepted drafts are in the caches now
+                self.num_spec_rows += 1
+                self.num_draft_tokens += len(drafts)
+                self.num_accepted_tokens += len(accepted[i])
+                self._settle_snapshot(batch, i, req.num_computed_tokens + computed)
+            req.num_computed_tokens += computed
+            self.num_computed_tokens += computed
+            reason, before = None, req.num_tokens
+            if req.prefill_only and new:  # the decode side applies the stop rules to this token
+                req.token_ids += new
+                appended.append(len(new))
+                self.cache.cache_blocks(req)
+                self._hold(req)
+                continue
+            for t in new:
+                req.token_ids.append(t)
                 reason = stop_reason(req)
                 if reason is not None:
-                    self.finish(req, reason)
+                    break
+            appended.append(req.num_tokens - before)
+            self.cache.cache_blocks(req)
+            if reason is not None:
+                self.finish(req, reason)
+            elif drafts is not None:
+                self._trim_blocks(req)
+        return appended
+
+    def _settle_snapshot(self, batch: Batch, i: int, end: int) -> None:
+        """A verify row's boundary snapshot is the request's pending one only if the window was accepted up to
+        the boundary (the model runner copied the state then); a fresh slot is given back otherwise."""
+        plan = batch.spec_snapshots.get(i)
+        if plan is None:
+            return
+        slot, at, fresh = plan
+        if end >= at:
+            batch.requests[i].pending_snapshot = (slot, at)
+        elif fresh:
+            self.states.free_snapshot(slot)
+
+    def _trim_blocks(self, req: Request) -> None:
+        """Give back the blocks past the committed tokens (rejected drafts' latents are dropped with them)."""
+        keep = -(-req.num_computed_tokens // self.block_size)
+        if len(req.block_ids) > keep:
+            self.blocks.release(req.block_ids[keep:])
+            del req.block_ids[keep:]
 
     def finish(self, req: Request, reason: str) -> None:
         if req.is_finished:
@@ -166,12 +219,36 @@ class Scheduler:
     def _blocks_needed(self, req: Request, n: int) -> int:
         return -(-(req.num_computed_tokens + n) // self.block_size) - len(req.block_ids)
 
-    def _schedule(self, batch: Batch, req: Request, n: int) -> None:
+    def _drafts(self, req: Request, budget: int) -> list[int] | None:
+        """A decode row's drafts with speculation on (possibly none); None for prefill rows or speculation off."""
+        if self.speculator is None or req.num_computed_tokens < req.prefill_target or req.extend_len != 1:
+            return None
+        k = self.speculator.limit(req, budget, len(self.running))
+        drafts = self.speculator.propose(req, k)
+        if drafts and self._blocks_needed(req, 1 + len(drafts)) > self.blocks.num_free:
+            drafts = []  # drafts never cost a preemption
+        return drafts
+
+    def _schedule(self, batch: Batch, req: Request, n: int, drafts: list[int] | None = None) -> None:
         need = self._blocks_needed(req, n)
         if need > 0:
             req.block_ids += self.blocks.allocate(need)
-        batch.add(req, n)
-        self._plan_snapshot(batch, req, req.num_computed_tokens + n)
+        batch.add(req, n, drafts)
+        if drafts is None:
+            self._plan_snapshot(batch, req, req.num_computed_tokens + n)
+        else:
+            self._plan_verify_snapshot(batch, req, req.num_computed_tokens, n)
+
+    def _plan_verify_snapshot(self, batch: Batch, req: Request, start: int, n: int) -> None:
+        """A verify window ``[start, start + n)`` reaching a block boundary: a snapshot at the last one, taken at
+        the commit if the accepted tokens reach it."""
+        end = (start + n) // self.block_size * self.block_size
+        if not self.cache.enabled or end <= start:
+            return
+        fresh = req.pending_snapshot is None
+        slot = self.states.allocate_snapshot() if fresh else req.pending_snapshot[0]
+        if slot is not None:
+            batch.spec_snapshots[len(batch) - 1] = (slot, end, fresh)
 
     def _plan_snapshot(self, batch: Batch, req: Request, end: int) -> None:
         """Prefill chunk ending on a checkpoint: a new snapshot, published after the step. Decode reaching a
@@ -235,7 +312,10 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         if req.pending_snapshot is not None:
             slot, pos = req.pending_snapshot
-            self.states.publish(slot, self.cache.snapshot_key(req, pos))
+            if pos <= req.num_tokens:
+                self.states.publish(slot, self.cache.snapshot_key(req, pos))
+            else:  # a stop inside an accepted window cut the tokens the snapshot was taken after
+                self.states.free_snapshot(slot)
             req.pending_snapshot = None
         self.blocks.release(req.block_ids)
         req.block_ids, req.num_registered_blocks = [], 0

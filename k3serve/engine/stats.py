@@ -20,6 +20,9 @@ class EngineStats:
     num_generated_tokens: int
     num_preemptions: int
     num_steps: int
+    num_spec_rows: int = 0  # speculative decoding: decode rows verified (k = 0 included)
+    num_draft_tokens: int = 0  # drafts proposed (and verified)
+    num_accepted_tokens: int = 0  # drafts accepted
 
     @property
     def cache_usage(self) -> float:
@@ -29,5 +32,11 @@ class EngineStats:
     def prefix_hit_rate(self) -> float:
         return self.num_prefix_hit_tokens / self.num_admitted_tokens if self.num_admitted_tokens else 0.0
 
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per verify row (1 + accepted drafts; 1.0 means speculation gained nothing)."""
+        return 1 + self.num_accepted_tokens / self.num_spec_rows if self.num_spec_rows else 0.0
+
     def as_dict(self) -> dict[str, float]:
-        return {**asdict(self), "cache_usage": self.cache_usage, "prefix_hit_rate": self.prefix_hit_rate}
+        return {**asdict(self), "cache_usage": self.cache_usage, "prefix_hit_rate": self.prefix_hit_rate,
+                "mean_acceptance_length": self.mean_acceptance_length}

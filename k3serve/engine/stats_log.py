@@ -19,10 +19,17 @@ def stats_line(prev: Stats, cur: Stats, elapsed_s: float) -> str:
     hits = cur.num_prefix_hit_tokens - prev.num_prefix_hit_tokens
     kv = cur.num_blocks_used / cur.num_blocks if cur.num_blocks else 0.0
     slots = (cur.num_slots - cur.num_free_slots) / cur.num_slots if cur.num_slots else 0.0
-    return (f"Avg prompt throughput: {prompt / dt:.1f} tokens/s, Avg generation throughput: "
+    line = (f"Avg prompt throughput: {prompt / dt:.1f} tokens/s, Avg generation throughput: "
             f"{generated / dt:.1f} tokens/s, Running: {cur.num_running} reqs, Waiting: {cur.num_waiting} reqs, "
             f"KV cache usage: {100 * kv:.1f}%, KDA slot usage: {100 * slots:.1f}%, "
             f"Prefix cache hit rate: {100 * hits / admitted if admitted > 0 else 0.0:.1f}%")
+    rows = cur.num_spec_rows - prev.num_spec_rows
+    if rows > 0:  # speculative decoding: tokens per verify row and the share of drafts accepted
+        drafts = cur.num_draft_tokens - prev.num_draft_tokens
+        accepted = cur.num_accepted_tokens - prev.num_accepted_tokens
+        line += (f", Mean acceptance length: {1 + accepted / rows:.2f}, "
+                 f"Draft acceptance rate: {100 * accepted / drafts if drafts else 0.0:.1f}%")
+    return line
 
 
 class StatsLogger:

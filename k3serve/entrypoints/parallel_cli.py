@@ -74,6 +74,9 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
     if getattr(args, "role", "both") != "both" and tp > 1:
         raise ValueError(f"--role {args.role} with --tensor-parallel-size {tp}: not supported yet (a hand-off "
                          "carries one rank's KDA heads)")
+    if getattr(args, "speculative_config", None) and tp > 1:
+        raise ValueError(f"--speculative-config with --tensor-parallel-size {tp}: not supported yet (the workers "
+                         "would need the drafts and the rollback)")
     # the model's own check (heads, KDA heads, vocabulary, MLP and MoE widths or experts), before any rank starts
     check_layout(model_config, Parallel(ParallelLayout(tp=tp, ep=tp if args.enable_expert_parallel else 1)))
     port = args.master_port or (DEFAULT_MASTER_PORT if nnodes > 1 else None)

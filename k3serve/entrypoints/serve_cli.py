@@ -141,6 +141,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
                    help="disable prefix caching")
     e.add_argument("--seed", type=int, default=0, help="engine random seed")
+    e.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\'; methods: ngram (prompt lookup), '
+                        'suffix (suffix matching over prompt + output); also "rollback" (slots | replay) and '
+                        '"max_running" (speculation backs off above this many running requests, default 32)')
     parallel_cli.add_arguments(p)
 
 
@@ -170,7 +175,8 @@ def server_config(args: argparse.Namespace):
     engine = {**layout, "dtype": args.dtype, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "enable_prefix_caching": args.prefix_caching,
               "device": args.device, "seed": args.seed,
-              "log_stats_interval": 0.0 if args.disable_log_stats else args.log_stats_interval}
+              "log_stats_interval": 0.0 if args.disable_log_stats else args.log_stats_interval,
+              "speculative_config": args.speculative_config}
     if args.gpu_memory_utilization is not None and args.kv_cache_memory is not None:
         raise ValueError("--kv-cache-memory and --gpu-memory-utilization: give one of them")
     if args.gpu_memory_utilization is not None:
@@ -214,10 +220,13 @@ def check_engine_flags(args: argparse.Namespace, model_path: str) -> dict:
     the engine's layout fields (``parallel_cli.check_parallel``)."""
     from k3serve.core.config import ModelConfig
     from k3serve.engine.config import EngineConfig, check_device
+    from k3serve.engine.spec.config import SpeculativeConfig
 
     try:
         EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                     max_model_len=args.max_model_len)
+                     max_model_len=args.max_model_len,
+                     speculative_config=None if args.speculative_config is None
+                     else SpeculativeConfig.parse(args.speculative_config))
         if args.device != "cpu":  # importing torch costs a second or two; cpu is always there
             check_device(args.device)
     except ValueError as e:

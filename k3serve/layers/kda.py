@@ -131,8 +131,6 @@ class KimiDeltaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         slots = ctx.state_slots
-        fresh = ~ctx.has_initial_state
-        any_fresh = not ctx.is_decode and bool(fresh.any())
         # States are read and written in place when the batch owns the leading pool rows (the engine arranges
         # that), else gathered once and written back once. Not under autograd, which may keep what it read.
         rows = None if torch.is_grad_enabled() else ctx.leading_state_rows
@@ -140,28 +138,27 @@ class KimiDeltaAttention(nn.Module):
         conv_state = conv_cache[rows] if rows is not None else conv_cache.index_select(0, slots)
         state_cache = ctx.caches.kda_state[self.layer_idx]
         state = state_cache[rows] if rows is not None else state_cache.index_select(0, slots)
-        if any_fresh:
-            conv_state[fresh] = 0
-            state[fresh] = 0
         K, P = self.head_dim, self.num_heads * self.head_dim
         if len(self.head_pieces) == 1:
-            part, conv_state, state = self._heads(x, ctx, 0, conv_state, state)
-            parts = [part]
+            parts = [self._heads(x, ctx, 0, conv_state, state)]
         else:  # each piece on its own copy of its heads' states (its q|k|v conv channels), as a rank holds them
+            if ctx.spec is not None:  # the rollback keeps one record per layer
+                raise ValueError("speculative decoding runs with one piece per rank (ParallelLayout.pieces 1)")
             parts = []
             for p, hs in enumerate(self.head_pieces):
                 ch = torch.cat([torch.arange(hs.start * K, hs.stop * K, device=x.device) + j * P for j in range(3)])
-                part, cs, st = self._heads(x, ctx, p, conv_state[:, ch], state[:, hs].contiguous())
-                conv_state[:, ch] = cs.to(conv_state.dtype)
+                cs, st = conv_state[:, ch], state[:, hs].contiguous()
+                parts.append(self._heads(x, ctx, p, cs, st))
+                conv_state[:, ch] = cs
                 state[:, hs] = st
-                parts.append(part)
-        _store(conv_cache, rows, slots, conv_state.to(conv_cache.dtype))
+        _store(conv_cache, rows, slots, conv_state)
         _store(state_cache, rows, slots, state)
         return self.o_proj.reduce(parts)
 
     def _heads(self, x: torch.Tensor, ctx: ForwardContext, p: int, conv_state: torch.Tensor,
-               state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Piece ``p``'s heads: (its o_proj partial ``[N, d]``, its conv state, its recurrent state after)."""
+               state: torch.Tensor) -> torch.Tensor:
+        """Piece ``p``'s heads: its o_proj partial ``[N, d]``; its ``conv_state``/``state`` ``[B, ...]`` updated
+        in place."""
         N, K = x.shape[0], self.head_dim
         hs = self.head_pieces[p]
         H = hs.stop - hs.start
@@ -171,22 +168,70 @@ class KimiDeltaAttention(nn.Module):
         qkv, f, b, gate = self._project(x, p)
         conv_weight = self._conv_filters(p)
         f = F.linear(f, self.f_b_proj.piece_weight(p)).view(N, H, K)
-        if ctx.is_decode:  # one op, states updated in place: on the pool rows themselves, or on the gathered copies
+        if ctx.spec is not None:  # dispatch by row kind (decode rows under the rollback), never by shape
+            o = self._speculative(qkv, conv_weight, f, b, conv_state, state, ctx, dt_bias, a_log)
+        elif ctx.is_decode:  # one op, states updated in place: on the pool rows themselves, or on the gathered copies
             o = registry.get("kda_decode_step")(qkv, conv_weight, conv_state, f, dt_bias, a_log, b, state,
                                                 lower_bound=self.lower_bound, l2_eps=L2_EPS)
         else:
-            qkv, conv_state = registry.get("short_conv")(qkv.float(), conv_weight, conv_state=conv_state,
-                                                         cu_seqlens=ctx.cu_seqlens)
-            # q and k are normalised together (same per-head math, half the ops); split, not sliced: under
-            # autograd each slice's gradient is a zero-filled copy of the whole, a split's one concatenation
-            qk, v = qkv.split([2 * H * K, H * K], dim=1)
-            q, k = l2_normalize(qk.reshape(N, 2 * H, K), L2_EPS).split(H, dim=1)
-            v = v.float().reshape(N, H, K)
-            g = kda_gate(f, dt_bias, a_log, self.lower_bound)
-            beta = torch.sigmoid(b.float())
-            o, state = registry.get("kda_chunk")(q[None], k[None], v[None], g[None], beta[None],
-                                                 initial_state=state, cu_seqlens=ctx.cu_seqlens)
-            o = o[0]
+            o = self._chunk(qkv, conv_weight, f, b, conv_state, state, ctx.cu_seqlens, ~ctx.has_initial_state,
+                            dt_bias, a_log)
         z = gate if self.full_rank_gate else F.linear(gate, self.g_b_proj.piece_weight(p))
         o = self.o_norm(o, z.view(N, H, K)).to(x.dtype)
-        return self.o_proj.piece_partial(o.reshape(N, H * K), p), conv_state, state
+        return self.o_proj.piece_partial(o.reshape(N, H * K), p)
+
+    def _chunk(self, qkv: torch.Tensor, conv_weight: torch.Tensor, f: torch.Tensor, b: torch.Tensor,
+               conv_state: torch.Tensor, state: torch.Tensor, cu_seqlens: torch.Tensor, fresh: torch.Tensor,
+               dt_bias: torch.Tensor, a_log: torch.Tensor) -> torch.Tensor:
+        """The prefill path over packed sequences; ``conv_state``/``state`` ``[B, ...]`` updated in place."""
+        N, H, K = f.shape
+        if bool(fresh.any()):
+            conv_state[fresh] = 0
+            state[fresh] = 0
+        qkv, new_conv = registry.get("short_conv")(qkv.float(), conv_weight, conv_state=conv_state,
+                                                   cu_seqlens=cu_seqlens)
+        conv_state.copy_(new_conv)
+        # q and k are normalised together (same per-head math, half the ops); split, not sliced: under
+        # autograd each slice's gradient is a zero-filled copy of the whole, a split's one concatenation
+        qk, v = qkv.split([2 * H * K, H * K], dim=1)
+        q, k = l2_normalize(qk.reshape(N, 2 * H, K), L2_EPS).split(H, dim=1)
+        v = v.float().reshape(N, H, K)
+        g = kda_gate(f, dt_bias, a_log, self.lower_bound)
+        beta = torch.sigmoid(b.float())
+        o, new_state = registry.get("kda_chunk")(q[None], k[None], v[None], g[None], beta[None],
+                                                 initial_state=state, cu_seqlens=cu_seqlens)
+        if new_state.data_ptr() != state.data_ptr():
+            state.copy_(new_state)
+        return o[0]
+
+    def _speculative(self, qkv: torch.Tensor, conv_weight: torch.Tensor, f: torch.Tensor, b: torch.Tensor,
+                     conv_state: torch.Tensor, state: torch.Tensor, ctx: ForwardContext, dt_bias: torch.Tensor,
+                     a_log: torch.Tensor) -> torch.Tensor:
+        """Decode rows (``ctx.spec.rows``, 1 + k tokens each) through ``spec.verify``; any other rows (prefill
+        chunks) through the prefill path. States ``[B, ...]`` updated in place."""
+        spec, op = ctx.spec, registry.get("kda_decode_step")
+
+        def step(qkv_t, conv_t, f_t, b_t, state_t):  # noqa: ANN001, ANN202 - the decode step with this layer's weights
+            return op(qkv_t, conv_weight, conv_t, f_t, dt_bias, a_log, b_t, state_t,
+                      lower_bound=self.lower_bound, l2_eps=L2_EPS)
+
+        B, cu = ctx.batch_size, ctx.host_cu_seqlens
+        if len(spec.rows) == B:
+            return spec.verify(self.layer_idx, step, qkv, f, b, conv_state, state)
+        N, H, K = f.shape
+        o = torch.empty(N, H, state.shape[-1], dtype=torch.float32, device=qkv.device)
+        other = [i for i in range(B) if i not in set(spec.rows)]
+        for part in (spec.rows, other):
+            if not part:
+                continue
+            idx = torch.tensor(part, device=qkv.device)
+            tok = torch.tensor([t for i in part for t in range(cu[i], cu[i + 1])], device=qkv.device)
+            cs, st = conv_state.index_select(0, idx), state.index_select(0, idx)
+            args = (qkv.index_select(0, tok), conv_weight, f.index_select(0, tok), b.index_select(0, tok))
+            if part is spec.rows:
+                o[tok] = spec.verify(self.layer_idx, step, args[0], args[2], args[3], cs, st)
+            else:
+                lens = torch.tensor([0] + [cu[i + 1] - cu[i] for i in part], device=qkv.device)
+                o[tok] = self._chunk(*args, cs, st, lens.cumsum(0), ~ctx.has_initial_state[idx], dt_bias, a_log)
+            conv_state[idx], state[idx] = cs, st
+        return o

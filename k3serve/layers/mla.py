@@ -4,7 +4,8 @@ x ``[N, d]`` packed tokens of the active ``ForwardContext``:
   q = W_qb · RMSNorm(W_qa x)  (q-LoRA, K3)  or  W_q x  (Kimi-Linear)      ``[N, H, Dn + R]``
   [c̃ | k_rot] = W_kva x;  c = RMSNorm(c̃)                                   ``[N, C + R]`` -> paged cache
   o = attention over the cached latents   ``[N, H, Dv]``: absorbed (batched) for every sequence that adds one
-      token to a cached context, expanded (per sequence) for prefill chunks
+      token to a cached context and every token of a speculative verify row, expanded (per sequence) for
+      prefill chunks
   K3: o <- o ⊙ sigmoid(W_g x)   (gate from the layer *input*)
   out = W_o o
 The latent norms use eps 1e-6 as in the official code (engines use rms_norm_eps; negligible).
@@ -124,23 +125,28 @@ class MLAttention(nn.Module):
     def _prefill(self, q: torch.Tensor, latents: torch.Tensor, cache: torch.Tensor, ctx: ForwardContext,
                  kv_b: torch.Tensor) -> torch.Tensor:
         """A step of fresh prompts goes to the packed prefill op in one call. Otherwise (a mixed step) its
-        decode rows (one token after a cached context) share one batched decode call, the other sequences are
+        decode rows (one token after a cached context) and every token of its speculative verify rows
+        (``ctx.spec.rows``; token j of row i attends to ``cached_lens[i] + j + 1`` latents, its causal prefix)
+        share one batched absorbed decode call, as decoding them one by one would; the other sequences are
         expanded and attended one at a time."""
         dims = dict(nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
         rows = ctx.decode_rows
-        if not rows and all(c == 0 for c in ctx.cached_lens):  # fresh prompts only: one packed call
+        verify = ctx.spec.rows if ctx.spec is not None else []
+        if not rows and not verify and all(c == 0 for c in ctx.cached_lens):  # fresh prompts only: one call
             return registry.get("mla_prefill_packed")(q, latents, ctx.cu_seqlens, kv_b, **dims)
         o = q.new_empty(q.shape[0], q.shape[1], self.v_dim)
-        if rows:
-            r = torch.tensor(rows, device=q.device)
-            # cu_seqlens may live on the host (the layers read it as ints): index it there, then move
-            tokens = ctx.cu_seqlens[rows].to(q.device)
+        cu = ctx.host_cu_seqlens
+        skip = set(rows) | set(verify)
+        if skip:
+            # (token, row, context length) of each decode-like query
+            queries = [(cu[i] + j, i, ctx.cached_lens[i] + j + 1) for i in sorted(skip) for j in range(ctx.seq_lens[i])]
+            tokens = torch.tensor([t for t, _, _ in queries], device=q.device)
+            r = torch.tensor([i for _, i, _ in queries], device=q.device)
+            lens = torch.tensor([n for _, _, n in queries], dtype=torch.long, device=q.device)
             o[tokens] = self._decode(q.index_select(0, tokens), cache, ctx, ctx.block_tables.index_select(0, r),
-                                     ctx.context_lens_tensor.index_select(0, r), max(ctx.context_lens[i] for i in rows),
-                                     kv_b)
+                                     lens, max(n for _, _, n in queries), kv_b)
         prefill = registry.get("mla_prefill")
-        skip = set(rows)
-        for i, (start, n, total) in enumerate(zip(ctx.cu_seqlens.tolist(), ctx.seq_lens, ctx.context_lens)):
+        for i, (start, n, total) in enumerate(zip(cu, ctx.seq_lens, ctx.context_lens)):
             if i in skip:
                 continue
             if n == total:  # nothing cached before: the new latents are the whole context

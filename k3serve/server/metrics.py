@@ -54,7 +54,12 @@ class _EngineGauges:
                              ("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache",
                               s.num_prefix_hit_tokens),
                              ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
-                              s.num_admitted_tokens)):
+                              s.num_admitted_tokens),
+                             ("vllm:spec_decode_num_drafts", "Decode rows verified under speculative decoding",
+                              s.num_spec_rows),
+                             ("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed", s.num_draft_tokens),
+                             ("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                              s.num_accepted_tokens)):
             g = GaugeMetricFamily(name + "_total", doc + " (engine counter)", labels=label)
             g.add_metric([self._model], float(v))
             yield g

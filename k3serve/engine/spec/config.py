@@ -1,0 +1,63 @@
+"""``SpeculativeConfig``: what ``--speculative-config '<json>'`` asks for, validated in one place.
+
+Keys (vLLM's names where vLLM has one):
+  method                 "ngram" (prompt lookup) or "suffix" (suffix matching over prompt + output)
+  num_speculative_tokens k, drafts per decode row and step (0 runs the verify path with no drafts)
+  prompt_lookup_max/min  n-gram lengths tried, longest first (ngram; suffix uses max as its match cap)
+  rollback               "slots" (per-position state snapshots, the default) or "replay" (the reference:
+                         checkpoint + replay of the accepted tokens through the decode step)
+  max_running            speculation backs off (k = 0) while more requests than this are running
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+
+METHODS = ("ngram", "suffix")
+ROLLBACKS = ("slots", "replay")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
+    rollback: str = "slots"
+    max_running: int = 32
+
+    def __post_init__(self) -> None:
+        def check(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(f"speculative_config: {msg}")
+
+        check(self.method in METHODS, f"unknown method {self.method!r} (choose from {', '.join(METHODS)})")
+        k = self.num_speculative_tokens
+        check(isinstance(k, int) and not isinstance(k, bool) and k >= 0,
+              f"num_speculative_tokens must be an integer >= 0, got {k!r}")
+        for name in ("prompt_lookup_max", "prompt_lookup_min", "max_running"):
+            v = getattr(self, name)
+            check(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                  f"{name} must be an integer >= 1, got {v!r}")
+        check(self.prompt_lookup_min <= self.prompt_lookup_max,
+              f"prompt_lookup_min ({self.prompt_lookup_min}) is above prompt_lookup_max ({self.prompt_lookup_max})")
+        check(self.rollback in ROLLBACKS, f"unknown rollback {self.rollback!r} (choose from {', '.join(ROLLBACKS)})")
+
+    @classmethod
+    def parse(cls, text: str) -> SpeculativeConfig:
+        """From the flag's JSON object; ValueError with one clear line on bad JSON or keys."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"speculative_config: not valid JSON ({e.msg} at char {e.pos})") from None
+        if not isinstance(raw, dict):
+            raise ValueError("speculative_config: must be a JSON object, e.g. "
+                             '\'{"method": "ngram", "num_speculative_tokens": 4}\'')
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        if "method" not in raw:
+            raise ValueError(f"speculative_config: 'method' is required (one of {', '.join(METHODS)})")
+        return cls(**raw)
