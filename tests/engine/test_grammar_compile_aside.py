@@ -23,6 +23,7 @@ def _core(monkeypatch):
                                   abort_request=aborted.append)
     core.guide = GuidedDecoding(163840, 163586, enabled=True)
     core.compiling = {}
+    core.pd = SimpleNamespace(ticket=lambda rid: None, abort=lambda rid: None, prefill_only=False)  # colocated
     entered, release = threading.Event(), threading.Event()
     compile_now = core.guide._compile
 
