@@ -181,7 +181,8 @@ class _Client:
         self.ids = vocab.ids(pieces)
         self.closed_after: int | None = None
 
-    async def generate(self, request_id, prompt_ids, sampling, *, grammar=None, logit_bias=None, images=()):
+    async def generate(self, request_id, prompt_ids, sampling, *, grammar=None, logit_bias=None, images=(),
+                       handoff=None):
         sent = 0
         try:
             while True:

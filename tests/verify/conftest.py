@@ -47,7 +47,7 @@ class ScriptedClient:
     def check_admission(self, n: int = 1) -> None:
         pass
 
-    async def generate(self, rid, prompt_ids, params, *, grammar=None, logit_bias=None, images=()):
+    async def generate(self, rid, prompt_ids, params, *, grammar=None, logit_bias=None, images=(), handoff=None):
         text = self.tok.decode(prompt_ids)
         ids = self.tok.encode(answer(text), "all").tolist() + [EOS]
         for i, t in enumerate(ids[:params.max_tokens]):
