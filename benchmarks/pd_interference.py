@@ -21,7 +21,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,11 +29,7 @@ import time
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from k3serve.router.launch import free_port
 
 
 def start(args: list[str], log: str) -> subprocess.Popen:
