@@ -102,13 +102,6 @@ class Parallel:
     def ep_rank(self) -> int:
         return self.tp_rank if self.layout.ep > 1 else 0
 
-    def shard(self, n: int, ways: int | None = None) -> tuple[int, int]:
-        """[start, end) of this tp rank's equal share of ``n`` (``ways`` defaults to tp)."""
-        ways = ways or self.tp
-        per = n // ways
-        r = self.tp_rank % ways
-        return r * per, (r + 1) * per
-
     @property
     def local_pieces(self) -> int:
         return self.layout.partitions // self.tp
@@ -157,11 +150,7 @@ def all_reduce(x: torch.Tensor, par: Parallel) -> torch.Tensor:
     if par.layout.reduce_mode == "fast":
         dist.all_reduce(x, group=par.tp_group)
         return x
-    parts = all_gather(x, par)
-    out = parts[0].clone()
-    for p in parts[1:]:
-        out += p
-    return out
+    return sum_partials(all_gather(x, par))
 
 
 def all_gather(x: torch.Tensor, par: Parallel) -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -102,3 +103,10 @@ def graceful_sighup(handle_exit: Callable) -> Iterator[None]:
         signal.signal(signal.SIGHUP, previous)
     if caught:
         signal.raise_signal(signal.SIGHUP)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the OS picks it); a child process binds it next."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

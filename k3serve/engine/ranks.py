@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ import time
 import msgspec
 import zmq
 
-from k3serve.core.process import child_env
+from k3serve.core.process import child_env, free_port
 
 log = logging.getLogger("k3serve.engine")
 WATCH_S = 0.2
@@ -34,11 +33,6 @@ EXTERNAL_ENV = ("RANK", "WORLD_SIZE")  # set by torchrun (or any launcher of the
 def launched_externally() -> bool:
     return all(k in os.environ for k in EXTERNAL_ENV)
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def host_ranks(tp: int, nnodes: int, node_rank: int) -> range:

@@ -220,7 +220,8 @@ class KimiDeltaAttention(nn.Module):
             return spec.verify(self.layer_idx, step, qkv, f, b, conv_state, state)
         N, H, K = f.shape
         o = torch.empty(N, H, state.shape[-1], dtype=torch.float32, device=qkv.device)
-        other = [i for i in range(B) if i not in set(spec.rows)]
+        verify = set(spec.rows)
+        other = [i for i in range(B) if i not in verify]
         for part in (spec.rows, other):
             if not part:
                 continue

@@ -19,25 +19,19 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
-from k3serve.core.process import Stopped, child_env, on_stop_signals
+from k3serve.core.process import Stopped, child_env, free_port, on_stop_signals
 from k3serve.router.proxy import RouterConfig, serve
 
 log = logging.getLogger("k3serve.router")
 REPLICA_RESTARTS = 3  # per replica, over the launcher's life
 SUPERVISE_INTERVAL_S = 1.0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_replica(serve_argv: list[str], port: int) -> subprocess.Popen:
