@@ -29,8 +29,6 @@ from k3serve.engine.multimodal import ImageInput, check_images
 from k3serve.engine.outputs import RequestOutput
 from k3serve.engine.prefix_cache import HybridPrefixCache, NoPrefixCache
 from k3serve.engine.request import Batch, Request, RequestStatus
-
-HELD = RequestStatus.HELD
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.engine.scheduler import Scheduler
 from k3serve.engine.spec.speculator import Speculator
@@ -40,6 +38,8 @@ from k3serve.engine.tp_group import TPGroup
 from k3serve.engine.stats import EngineStats
 from k3serve.models.cache import allocate_caches, cache_spec
 from k3serve.ops import registry
+
+HELD = RequestStatus.HELD
 
 log = logging.getLogger("k3serve.engine")
 
@@ -107,15 +107,15 @@ class LLMEngine:
         self.blocks = BlockPool(self.plan.num_blocks, config.block_size)
         self.states = StatePool(config.max_num_seqs, self.plan.num_snapshot_slots)
         cache = HybridPrefixCache(self.blocks, self.states, config.hash_key) if config.enable_prefix_caching else NoPrefixCache()
-        spec = config.speculative_config
-        speculator = None if spec is None else Speculator(spec)
+        speculative = config.speculative_config
+        speculator = None if speculative is None else Speculator(speculative)
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    state_cache_interval=config.state_cache_interval,
                                    blocks=self.blocks, states=self.states, cache=cache, speculator=speculator)
         self.runner = ModelRunner(model, caches, device, placeholder_id=model_config.media_placeholder_token_id,
                                   group=group if group is not None and group.is_leader else None,
-                                  rollback=None if spec is None else spec.rollback)
+                                  rollback=None if speculative is None else speculative.rollback)
         self._arrivals = 0
         self.num_steps = 0
         self.num_generated_tokens = 0

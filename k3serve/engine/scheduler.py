@@ -80,7 +80,7 @@ class Scheduler:
             self._schedule(batch, req, n, drafts)
             budget -= n
         while (self.waiting and budget > 0 and self.num_preemptions == preemptions_before
-               and len(self.running) + len(self.held) < self.max_num_seqs and self._admit(batch, self.waiting[0], budget)):
+               and self.has_room() and self._admit(batch, self.waiting[0], budget)):
             budget -= batch.num_new_tokens[-1]
         return batch
 
@@ -108,20 +108,18 @@ class Scheduler:
             req.num_computed_tokens += computed
             self.num_computed_tokens += computed
             reason, before = None, req.num_tokens
-            if req.prefill_only and new:  # the decode side applies the stop rules to this token
-                req.token_ids += new
-                appended.append(len(new))
-                self.cache.cache_blocks(req)
-                self._hold(req)
-                continue
             for t in new:
                 req.token_ids.append(t)
+                if req.prefill_only:  # the decode side applies the stop rules to this token
+                    continue
                 reason = stop_reason(req)
                 if reason is not None:
                     break
             appended.append(req.num_tokens - before)
             self.cache.cache_blocks(req)
-            if reason is not None:
+            if req.prefill_only and new:
+                self._hold(req)
+            elif reason is not None:
                 self.finish(req, reason)
             elif drafts is not None:
                 self._trim_blocks(req)
