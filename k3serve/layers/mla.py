@@ -138,13 +138,13 @@ class MLAttention(nn.Module):
         cu = ctx.host_cu_seqlens
         skip = set(rows) | set(verify)
         if skip:
-            # (token, row, context length) of each decode-like query
-            queries = [(cu[i] + j, i, ctx.cached_lens[i] + j + 1) for i in sorted(skip) for j in range(ctx.seq_lens[i])]
-            tokens = torch.tensor([t for t, _, _ in queries], device=q.device)
-            r = torch.tensor([i for _, i, _ in queries], device=q.device)
-            lens = torch.tensor([n for _, _, n in queries], dtype=torch.long, device=q.device)
-            o[tokens] = self._decode(q.index_select(0, tokens), cache, ctx, ctx.block_tables.index_select(0, r),
-                                     lens, max(n for _, _, n in queries), kv_b)
+            # the decode-like queries' layout depends only on the step: its MLA layers share it
+            key = ("mla_decode_queries", ctx.is_decode)
+            layout = ctx.step_memo.get(key)
+            if layout is None:
+                layout = ctx.step_memo[key] = _decode_queries(ctx, sorted(skip), q.device)
+            tokens, tables, lens, max_len = layout
+            o[tokens] = self._decode(q.index_select(0, tokens), cache, ctx, tables, lens, max_len, kv_b)
         prefill = registry.get("mla_prefill")
         for i, (start, n, total) in enumerate(zip(cu, ctx.seq_lens, ctx.context_lens)):
             if i in skip:
@@ -155,3 +155,14 @@ class MLAttention(nn.Module):
                 lat = mla_ops.gather_latents(cache, ctx.block_tables[i], total)
             o[start:start + n] = prefill(q[start:start + n], lat, kv_b, **dims)
         return o
+
+
+def _decode_queries(ctx: ForwardContext, rows: list[int], device: torch.device):
+    """(token index, block table, context length) of each decode-like query of ``rows`` (token j of row i sees
+    ``cached_lens[i] + j + 1`` latents), as device tensors, and the longest context."""
+    cu = ctx.host_cu_seqlens
+    queries = [(cu[i] + j, i, ctx.cached_lens[i] + j + 1) for i in rows for j in range(ctx.seq_lens[i])]
+    tokens = torch.tensor([t for t, _, _ in queries], device=device)
+    r = torch.tensor([i for _, i, _ in queries], device=device)
+    lens = torch.tensor([n for _, _, n in queries], dtype=torch.long, device=device)
+    return tokens, ctx.block_tables.index_select(0, r), lens, max(n for _, _, n in queries)
