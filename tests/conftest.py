@@ -9,6 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# Triton decides at kernel decoration (import) whether to interpret: set before any test imports k3serve.ops,
+# so the GPU backends' tests run their kernels on CPU tensors where no GPU is present (a no-op without triton).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _k3serve_cache(tmp_path_factory):

@@ -17,10 +17,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "k3serve"
 EXCLUDED = (PACKAGE / "train",)
-# Imports that may come from an extra, each with where it is optional and which extra provides it. The
-# import must be lazy and fail with a clear message (see the module named).
+# Imports that may come from an extra: the extra, where and why it is optional, and the distribution that
+# provides it (checked against the extra even where it is not installed, as in the CPU venv). The import must
+# be lazy or guarded (see the module named).
 OPTIONAL = {
-    "matplotlib": ("bench", "k3serve/bench/plots.py: only for 'k3serve bench --plot-dir'"),
+    "matplotlib": ("bench", "k3serve/bench/plots.py: only for 'k3serve bench --plot-dir'", "matplotlib"),
+    "triton": ("gpu", "k3serve/ops/moe/triton_mxfp4.py: imported by ops/moe only when installed", "triton"),
+    "fla": ("gpu", "k3serve/ops/kda/fla.py: imported by ops/kda only when installed", "flash-linear-attention"),
 }
 # Maintainer scripts run by hand, never imported by the package.
 DEV_SCRIPTS = {
@@ -71,12 +74,12 @@ def test_runtime_imports_are_runtime_dependencies():
     problems = []
     for module, files in sorted(imports.items()):
         provided = {_canonical(d) for d in dists.get(module, [])}
-        if not provided:
-            problems.append(f"{module} (imported by {files[0]}) is not installed, so its distribution is unknown")
-        elif module in OPTIONAL:
-            extra, _ = OPTIONAL[module]
-            if not provided & extras.get(extra, set()):
+        if module in OPTIONAL:
+            extra, _, dist = OPTIONAL[module]
+            if not (provided or {dist}) & extras.get(extra, set()):
                 problems.append(f"{module} is allowed as optional but is not in the [{extra}] extra")
+        elif not provided:
+            problems.append(f"{module} (imported by {files[0]}) is not installed, so its distribution is unknown")
         elif not provided & runtime:
             where = [e for e, reqs in extras.items() if provided & reqs]
             problems.append(f"{module} (imported by {files[0]}) comes from {'/'.join(sorted(provided))}, which "
@@ -93,3 +96,18 @@ def test_allowlists_are_current():
     # the walk sees imports inside functions (these two are lazy on purpose)
     assert "k3serve/bench/plots.py" in imports["matplotlib"]
     assert "k3serve/entrypoints/serve_cli.py" in imports["uvicorn"]
+
+
+def test_cpu_install_imports_no_gpu_extra():
+    """Without the [gpu] extra (triton and fla made unimportable), the package imports, builds its registry
+    without the GPU backends, and never imports either module."""
+    import subprocess
+
+    code = ("import sys; sys.modules.update(triton=None, fla=None)\n"
+            "import k3serve.ops, k3serve.models\n"
+            "from k3serve.ops import registry\n"
+            "assert 'triton' not in registry.backends('mxfp4_expert_combine')\n"
+            "assert 'fla' not in registry.backends('kda_chunk')\n"
+            "assert sys.modules['triton'] is None and sys.modules['fla'] is None\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr

@@ -3,7 +3,7 @@
 "situ_and_mul" under "torch" and "naive"."""
 
 from k3serve.ops import registry
-from k3serve.ops.activation.glu import silu_and_mul, situ_and_mul
+from k3serve.ops.activation.glu import GatedActivation, silu_and_mul, situ_and_mul
 from k3serve.ops.activation.naive import naive_silu_and_mul, naive_situ_and_mul
 
 registry.register("silu_and_mul", "torch")(silu_and_mul)
@@ -11,4 +11,4 @@ registry.register("silu_and_mul", "naive")(naive_silu_and_mul)
 registry.register("situ_and_mul", "torch")(situ_and_mul)
 registry.register("situ_and_mul", "naive")(naive_situ_and_mul)
 
-__all__ = ["naive_silu_and_mul", "naive_situ_and_mul", "silu_and_mul", "situ_and_mul"]
+__all__ = ["GatedActivation", "naive_silu_and_mul", "naive_situ_and_mul", "silu_and_mul", "situ_and_mul"]

@@ -1,7 +1,11 @@
 """Routed-expert combine: ``naive`` (per token, the spec), ``grouped`` (padded batched GEMMs), ``segmented``
 (one GEMM pair per expert, for large batches) and ``dense`` (every expert on every token, for small
 batches), for dense experts ("expert_combine": dense, grouped or segmented by batch size) and MXFP4-packed
-experts ("mxfp4_expert_combine": grouped). Backend "grouped" of "expert_combine" always takes the padded form."""
+experts ("mxfp4_expert_combine": grouped). Backend "grouped" of "expert_combine" always takes the padded form.
+Where Triton is installed (the ``[gpu]`` extra), "mxfp4_expert_combine" also has backend "triton" (two grouped
+GEMMs over the packed weights, activation fused; ``triton_mxfp4.py``), which dispatch picks for CUDA tensors."""
+
+from importlib.util import find_spec
 
 from k3serve.ops.moe.dense import dense_expert_combine, expert_combine
 from k3serve.ops.moe.grouped import grouped_expert_combine, mxfp4_expert_combine
@@ -14,6 +18,11 @@ register("expert_combine", "naive")(naive_expert_combine)
 register("expert_combine", "grouped")(grouped_expert_combine)  # GPU training: fewest ops
 register("mxfp4_expert_combine", "torch")(mxfp4_expert_combine)
 register("mxfp4_expert_combine", "naive")(naive_mxfp4_expert_combine)
+if find_spec("triton") is not None:  # the [gpu] extra; a CPU install never imports it
+    from k3serve.ops.moe import triton_mxfp4
+
+    register("mxfp4_expert_combine", "triton", priority=20, accepts=triton_mxfp4.accepts)(
+        triton_mxfp4.triton_mxfp4_expert_combine)
 
 __all__ = ["dense_expert_combine", "expert_combine", "grouped_expert_combine", "mxfp4_expert_combine",
            "naive_expert_combine", "naive_mxfp4_expert_combine", "segmented_expert_combine"]
