@@ -34,6 +34,8 @@ class CoreSpec(msgspec.Struct, frozen=True):
     master_addr: str = "127.0.0.1"
     master_port: int | None = None  # None: a free local port (one host only)
     dp_rank: int = 0  # which data-parallel replica this is (picks its GPUs on a shared host)
+    eplb_interval: int = 0  # expert parallel: re-place the experts every N forward steps (0: never)
+    eplb_redundant_experts: int = 0  # extra expert slots per MoE layer, for the hottest experts' replicas
     data_parallel_size: int = 1  # replicas on this host (each with its tp ranks): they share its cores
 
     def layout(self):
@@ -80,7 +82,8 @@ def build_engine(spec: CoreSpec, par=None, group=None, hash_key: bytes = b""):
     torch.set_num_threads(rank_threads(spec))
     config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                           kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
-                          max_model_len=spec.max_model_len, hash_key=hash_key,
+                          max_model_len=spec.max_model_len, hash_key=hash_key, eplb_interval=spec.eplb_interval,
+                          eplb_redundant_experts=spec.eplb_redundant_experts,
                           speculative_config=None if spec.speculative_config is None
                           else SpeculativeConfig.parse(spec.speculative_config))
     par = par or SINGLE
