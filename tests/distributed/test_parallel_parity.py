@@ -48,10 +48,10 @@ def models(tmp_path_factory):
     return {"kimi-linear": "kimi-linear-tiny-random", "k3-hot": str(hot)}
 
 
-# sent again one at a time after the concurrent wave: the second copy hits the first's blocks and its KDA
-# snapshot (one snapshot slot: in the concurrent wave other prompts may evict it first, so hits there depend on
-# arrival timing)
-AGAIN = (0, 0)
+# sent again one at a time after the concurrent wave: the shared prefix alone (36 tokens: its KDA snapshot is
+# taken at 32, a block boundary), then shared + tail, which hits those 32 tokens (one snapshot slot: in the
+# concurrent wave other prompts may evict it first, so hits there depend on arrival timing)
+AGAIN = (4, 0)
 
 
 def run_layout(model: str, **layout):
