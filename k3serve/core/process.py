@@ -36,6 +36,16 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return {**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())}
 
 
+def compute_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``child_env`` for a process that runs torch ops (an engine core, a rank): OpenMP threads that wait
+    sleep (``OMP_WAIT_POLICY=PASSIVE``) unless the user chose a policy. Spinning waiters of processes that
+    share cores starve each other: on 2 shared cores a k3-tiny decode run took 47 s spinning, 3.5 s passive
+    (benchmarks/RESULTS.md, "thread oversubscription"). libgomp reads it once at load: it must be in the env."""
+    env = child_env(env)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
 def die_with_parent() -> None:
     """If started with ``child_env()``: receive SIGTERM when the parent dies. No-op otherwise.
 

@@ -30,7 +30,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from k3serve.core.process import child_env
+from k3serve.core.process import compute_env
 from k3serve.engine.core import CoreSpec
 from k3serve.engine.messages import (
     AbortRequest,
@@ -116,7 +116,7 @@ class EngineClient:
         # started from the event loop's thread: the engine gets SIGTERM if this process dies (core/process.py)
         self._proc = subprocess.Popen([sys.executable, "-m", "k3serve.engine.core",
                                        msgspec.json.encode(self._spec).decode()], stdin=subprocess.DEVNULL,
-                                      env=child_env())
+                                      env=compute_env())
 
     def _check_starting(self, deadline: float) -> None:
         if self._proc.poll() is not None:

@@ -27,6 +27,8 @@ class EngineConfig:
     # (core.kv_auth) so published hashes reveal nothing without it; a router must hash with the same key.
     hash_key: bytes = field(default=b"", repr=False)
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
+    eplb_interval: int = 0  # expert parallel: re-place the experts every N forward steps (0: never)
+    eplb_redundant_experts: int = 0  # extra expert slots per MoE layer for the hottest experts' replicas
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
@@ -44,6 +46,8 @@ class EngineConfig:
                f"must be >= 2, got {self.max_model_len}")
         _check(isinstance(self.hash_key, bytes) and len(self.hash_key) <= 64, "hash_key",
                "must be at most 64 bytes")
+        _check(self.eplb_interval >= 0 and self.eplb_redundant_experts >= 0, "eplb_interval",
+               "eplb_interval and eplb_redundant_experts must be >= 0")
         _check(self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig),
                "speculative_config", "must be a SpeculativeConfig (SpeculativeConfig.parse reads the JSON form)")
 

@@ -76,7 +76,7 @@ def _stats(engine, pd=None) -> Stats:
                  num_preemptions=s.num_preemptions, num_steps=s.num_steps,
                  num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running,
                  num_spec_rows=s.num_spec_rows, num_draft_tokens=s.num_draft_tokens,
-                 num_accepted_tokens=s.num_accepted_tokens, **extra)
+                 num_accepted_tokens=s.num_accepted_tokens, num_expert_replicas=s.num_expert_replicas, **extra)
 
 
 def _kv_events_key(spec: CoreSpec):

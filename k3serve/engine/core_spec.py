@@ -34,6 +34,9 @@ class CoreSpec(msgspec.Struct, frozen=True):
     master_addr: str = "127.0.0.1"
     master_port: int | None = None  # None: a free local port (one host only)
     dp_rank: int = 0  # which data-parallel replica this is (picks its GPUs on a shared host)
+    eplb_interval: int = 0  # expert parallel: re-place the experts every N forward steps (0: never)
+    eplb_redundant_experts: int = 0  # extra expert slots per MoE layer, for the hottest experts' replicas
+    data_parallel_size: int = 1  # replicas on this host (each with its tp ranks): they share its cores
 
     def layout(self):
         from k3serve.core.distributed import ParallelLayout
@@ -50,6 +53,20 @@ class CoreSpec(msgspec.Struct, frozen=True):
         return f"cuda:{self.dp_rank * per_node + local}"
 
 
+def rank_threads(spec: CoreSpec, cores: int | None = None) -> int:
+    """torch intra-op threads for one rank: this host's cores split over the processes of every replica on it,
+    unless OMP_NUM_THREADS says otherwise (then torch's own count). N processes taking all cores each
+    oversubscribe them N-fold, and their GEMMs then wait on threads that are not running."""
+    import torch
+
+    if "OMP_NUM_THREADS" in os.environ:
+        return torch.get_num_threads()
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    procs = spec.tensor_parallel_size // spec.nnodes * spec.data_parallel_size
+    return max(1, cores // procs)
+
+
 def build_engine(spec: CoreSpec, par=None, group=None, hash_key: bytes = b""):
     """The ``LLMEngine`` of ``spec`` on this rank; every rank of a replica builds it the same way (``hash_key``,
     the keyed KV events' block hash key, matters only on rank 0, whose scheduler keeps the prefix cache)."""
@@ -62,10 +79,11 @@ def build_engine(spec: CoreSpec, par=None, group=None, hash_key: bytes = b""):
     from k3serve.engine.spec.config import SpeculativeConfig
 
     torch.manual_seed(spec.seed)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(rank_threads(spec))
     config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                           kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
-                          max_model_len=spec.max_model_len, hash_key=hash_key,
+                          max_model_len=spec.max_model_len, hash_key=hash_key, eplb_interval=spec.eplb_interval,
+                          eplb_redundant_experts=spec.eplb_redundant_experts,
                           speculative_config=None if spec.speculative_config is None
                           else SpeculativeConfig.parse(spec.speculative_config))
     par = par or SINGLE

@@ -28,8 +28,8 @@ class DataParallelClient:
         if dp < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {dp}")
         self.max_queued_requests = max_queued_requests
-        self.replicas = [EngineClient({**spec_kwargs, "dp_rank": d}, max_queued_requests=max_queued_requests,
-                                      **client_kwargs) for d in range(dp)]
+        self.replicas = [EngineClient({**spec_kwargs, "dp_rank": d, "data_parallel_size": dp},
+                                      max_queued_requests=max_queued_requests, **client_kwargs) for d in range(dp)]
         self.gave_up = asyncio.Event()
         self._held: dict[asyncio.Task, int] = {}
         self._turn = itertools.count()

@@ -115,7 +115,8 @@ class LLMEngine:
                                    blocks=self.blocks, states=self.states, cache=cache, speculator=speculator)
         self.runner = ModelRunner(model, caches, device, placeholder_id=model_config.media_placeholder_token_id,
                                   group=group if group is not None and group.is_leader else None,
-                                  rollback=None if speculative is None else speculative.rollback)
+                                  rollback=None if speculative is None else speculative.rollback,
+                                  eplb=(self.config.eplb_interval, self.config.eplb_redundant_experts))
         self._arrivals = 0
         self.num_steps = 0
         self.num_generated_tokens = 0
@@ -191,7 +192,8 @@ class LLMEngine:
             num_admitted_tokens=s.num_admitted_tokens, num_prefix_hit_tokens=s.num_hit_tokens,
             num_computed_tokens=s.num_computed_tokens, num_generated_tokens=self.num_generated_tokens,
             num_preemptions=s.num_preemptions, num_steps=self.num_steps, num_spec_rows=s.num_spec_rows,
-            num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens)
+            num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
+            num_expert_replicas=self.runner.eplb.num_replicas)
 
     def reset_prefix_cache(self) -> None:
         self.blocks.clear_cache()

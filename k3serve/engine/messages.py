@@ -85,6 +85,7 @@ class Stats(msgspec.Struct, frozen=True):
     handoff_bytes: int = 0
     handoff_transfer_s: float = 0.0
     handoff_queue_s: float = 0.0  # prefill: held until acked; decode: waiting for room before fetching
+    num_expert_replicas: int = 0  # EPLB: expert copies beyond the first, over every MoE layer
     num_spec_rows: int = 0  # speculative decoding: verify rows, drafts proposed, drafts accepted
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0

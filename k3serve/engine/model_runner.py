@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from k3serve.core.context import ForwardContext, ModelCaches, forward_context
+from k3serve.engine.eplb_schedule import ExpertRebalancer
 from k3serve.engine.multimodal import ImageEmbedder
 from k3serve.engine.request import Batch
 from k3serve.engine.sampler import sample, token_logprobs
@@ -56,8 +57,9 @@ def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
 class ModelRunner:
     def __init__(self, model: nn.Module, caches: ModelCaches, device: torch.device | str = "cpu", *,
                  placeholder_id: int | None = None, group=None,
-                 rollback: str | type[Rollback] | None = None):
+                 rollback: str | type[Rollback] | None = None, eplb: tuple[int, int] = (0, 0)):
         self.model = model
+        self.eplb = ExpertRebalancer(model, *eplb)  # (interval, redundant): every rank counts its forwards
         self.group = group  # a TPGroup when this is rank 0 of several: each step is broadcast before it runs
         # speculative decoding's state rollback strategy (a name in spec.rollback.STRATEGIES, or a class)
         self.rollback = STRATEGIES[rollback] if isinstance(rollback, str) else rollback
@@ -141,6 +143,7 @@ class ModelRunner:
         if settle is not None:
             settle(ctx, logits)
         self.copy_slots(s.copies_after)
+        self.eplb.after_step()
         return logits, spans
 
     def _rollback(self, batch: Batch, slots: list[int]) -> Rollback | None:

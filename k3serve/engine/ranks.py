@@ -23,7 +23,7 @@ import time
 import msgspec
 import zmq
 
-from k3serve.core.process import child_env, free_port
+from k3serve.core.process import compute_env, free_port
 
 log = logging.getLogger("k3serve.engine")
 WATCH_S = 0.2
@@ -52,7 +52,7 @@ def spawn_workers(spec_json: str, ranks: range, world: int, master_addr: str, ma
     for local, rank in enumerate(ranks):
         if rank == 0:
             continue
-        env = child_env({**os.environ, **rank_env(rank, world, local, master_addr, master_port)})
+        env = compute_env({**os.environ, **rank_env(rank, world, local, master_addr, master_port)})
         procs.append(subprocess.Popen([sys.executable, "-m", "k3serve.engine.worker", spec_json],
                                       stdin=subprocess.DEVNULL, env=env))
     return procs

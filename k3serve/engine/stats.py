@@ -23,6 +23,7 @@ class EngineStats:
     num_spec_rows: int = 0  # speculative decoding: decode rows verified (k = 0 included)
     num_draft_tokens: int = 0  # drafts proposed (and verified)
     num_accepted_tokens: int = 0  # drafts accepted
+    num_expert_replicas: int = 0  # EPLB: expert copies beyond the first, over every MoE layer
 
     @property
     def cache_usage(self) -> float:

@@ -27,6 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "least loaded one")
     par.add_argument("--enable-expert-parallel", action="store_true",
                      help="whole experts per tp rank instead of every expert split by width")
+    par.add_argument("--eplb-interval", type=int, default=0,
+                     help="with --enable-expert-parallel: re-place the experts by their measured load every N "
+                          "forward steps (0, the default: never)")
+    par.add_argument("--eplb-redundant-experts", type=int, default=0,
+                     help="extra expert slots per MoE layer that EPLB fills with replicas of the hottest experts "
+                          "(experts + this must divide evenly over the tp ranks)")
     par.add_argument("--nnodes", type=int, default=1, help="hosts the tp ranks span (tp / nnodes ranks each)")
     par.add_argument("--node-rank", type=int, default=0,
                      help="this host's index; hosts other than 0 run their ranks only (no HTTP)")
@@ -77,10 +83,23 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
     if getattr(args, "speculative_config", None) and tp > 1:
         raise ValueError(f"--speculative-config with --tensor-parallel-size {tp}: not supported yet (the workers "
                          "would need the drafts and the rollback)")
+    eplb, redundant = args.eplb_interval, args.eplb_redundant_experts
+    if eplb < 0 or redundant < 0:
+        raise ValueError("--eplb-interval and --eplb-redundant-experts must be >= 0")
+    if (eplb or redundant) and not (args.enable_expert_parallel and tp > 1):
+        raise ValueError("--eplb-interval/--eplb-redundant-experts need --enable-expert-parallel with "
+                         "--tensor-parallel-size > 1")
+    if redundant and not eplb:
+        raise ValueError("--eplb-redundant-experts needs --eplb-interval > 0 (the replicas are placed by EPLB)")
+    experts = model_config.text.num_experts
+    if eplb and (experts + redundant) % tp:
+        raise ValueError(f"--eplb-redundant-experts {redundant}: {experts} experts + {redundant} cannot be split "
+                         f"evenly over {tp} ranks")
     # the model's own check (heads, KDA heads, vocabulary, MLP and MoE widths or experts), before any rank starts
     check_layout(model_config, Parallel(ParallelLayout(tp=tp, ep=tp if args.enable_expert_parallel else 1)))
     port = args.master_port or (DEFAULT_MASTER_PORT if nnodes > 1 else None)
     return {"tensor_parallel_size": tp, "expert_parallel": args.enable_expert_parallel, "nnodes": nnodes,
+            "eplb_interval": eplb, "eplb_redundant_experts": redundant,
             "master_addr": args.master_addr or "127.0.0.1", "master_port": port}
 
 

@@ -179,7 +179,7 @@ class Planner:
             ranked = self._ranked(inp, n)
         if not ranked:
             raise ValueError(f"impossible plan: {self.model_name} on {n} {gpu.name} at context "
-                             f"{inp.context_length} does not fit (the minimum is {minimum} GPUs per replica)")
+                             f"{inp.context_length:,} does not fit: {self._why_not(inp, n, minimum)}")
         best, _ = ranked[0]
         if inp.concurrency and best.max_concurrency < inp.concurrency:
             raise ValueError(f"impossible plan: {n} {gpu.name} hold at most {best.max_concurrency} sequences of "
@@ -199,6 +199,39 @@ class Planner:
             warnings=warnings + self._layout_warnings(inp, best.layout, n),
             k3serve_not_yet_supported=k3serve_not_yet_supported(launch),
         )
+
+    def _why_not(self, inp: PlanInputs, n: int, minimum: int) -> str:
+        """Which memory term fails for the closest layout of ``n`` GPUs, and what would fit instead."""
+        lays = [inp.layout] if inp.layout else candidate_layouts(self.cfg, inp.gpu, n)
+        if not lays:
+            return f"no tp x pp x dp layout of {n} GPUs suits the model's head and expert counts"
+        f = max((fit_layout(self.cfg, inp, lay) for lay in lays),
+                key=lambda f: f.kv_pool_per_gpu - f.seq_bytes_per_gpu)
+        gb = 1e9
+        fixed = (f"{f.layout} per GPU: weights {f.weights_per_gpu / gb:.1f} GB + runtime reserve "
+                 f"{f.reserve_per_gpu / gb:.1f} GB + activations {f.activations_per_gpu / gb:.1f} GB")
+        budget = f"the budget of {inp.budget / gb:.1f} GB (--gpu-memory-utilization {inp.gpu_memory_utilization} of an {inp.gpu.name})"
+        if f.kv_pool_per_gpu <= 0:
+            out = f"{fixed} exceed {budget} by {-f.kv_pool_per_gpu / gb:.1f} GB before any KV cache"
+        else:
+            st = max(f.stages, key=lambda st: inp.context_length * st.kv_bytes_per_token)
+            kv, state = inp.context_length * st.kv_bytes_per_token, inp.state_slots * st.state_bytes_per_seq
+            out = (f"{fixed} leave {f.kv_pool_per_gpu / gb:.1f} GB of {budget} for KV cache and KDA state, and one "
+                   f"{inp.context_length:,}-token sequence needs {f.seq_bytes_per_gpu / gb:.1f} GB (MLA latent KV "
+                   f"{kv / gb:.1f} GB, whole on every TP rank, + KDA state {state / gb:.2f} GB)")
+            longest = int((f.kv_pool_per_gpu - state) / st.kv_bytes_per_token) if st.kv_bytes_per_token else 0
+            if longest > 0:
+                out += f"; this layout holds a context of up to {longest:,} tokens"
+        lay = f.layout
+        deeper = Layout(lay.tp, lay.pp * 2, lay.dp)  # pipeline stages split the layers: weights and KV per GPU
+        if layout_problem(self.cfg, deeper) is None and fit_layout(self.cfg, inp, deeper).fits:
+            out += (f"; it needs pipeline parallelism: {deeper.pp} stages ({deeper}, {deeper.gpus} GPUs) fit "
+                    "(k3serve has no PP yet: use the vllm or sglang line)")
+        if not inp.layout and minimum > n:
+            out += f"; the smallest replica that fits is {minimum} GPUs"
+        elif inp.layout and minimum <= n:
+            out += f"; without --tp/--pp/--attn-dp, {n} GPUs fit with another layout (drop the forced layout)"
+        return out
 
     def _layout_warnings(self, inp: PlanInputs, lay: Layout, n: int) -> tuple[str, ...]:
         gpu, out = inp.gpu, []

@@ -1,6 +1,6 @@
 """In-process HTTP app over real engine processes (rank sets on gloo, 127.0.0.1), and the serving workload
 the parallel layouts must answer identically: concurrent greedy completions with shared prefixes (A, B, A'
-order) under a cache small enough to preempt."""
+order) under a cache small enough to preempt, each token with its top logprobs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ MAX_NUM_SEQS = 4
 BLOCK_SIZE = 16
 
 
-def cache_budget(blocks: int, tp: int = 1, ep: bool = False) -> int:
+def cache_budget(blocks: int, tp: int = 1, ep: bool = False, model: str = MODEL) -> int:
     """Bytes per rank for MAX_NUM_SEQS running KDA slots, one snapshot slot and ``blocks`` MLA blocks (the
     snapshot share of a budget is a quarter: one slot fits while a quarter of the budget is below two slots).
     A tp rank holds 1/tp of the KDA heads and the whole MLA latent."""
@@ -27,7 +27,7 @@ def cache_budget(blocks: int, tp: int = 1, ep: bool = False) -> int:
     from k3serve.models.registry import packaged_config
 
     with torch.device("meta"):
-        model = build_model(ModelConfig.from_file(packaged_config("k3-tiny")),
+        model = build_model(ModelConfig.from_file(packaged_config(model)),
                             Parallel(ParallelLayout(tp=tp, ep=tp if ep else 1)))
     spec = cache_spec(model, torch.float32)
     budget = (MAX_NUM_SEQS + 1) * spec.kda_bytes_per_slot + blocks * BLOCK_SIZE * spec.mla_bytes_per_token
@@ -46,15 +46,17 @@ def prompts() -> list[list[int]]:
 
 
 @contextlib.asynccontextmanager
-async def serving(*, tp: int = 1, dp: int = 1, ep: bool = False, blocks: int = 7):
-    """(httpx client on the app, app state) for a server with the given layout; everything stopped after."""
+async def serving(*, tp: int = 1, dp: int = 1, ep: bool = False, blocks: int = 7, model: str = MODEL,
+                  **engine_extra):
+    """(httpx client on the app, app state) for a server with the given layout; everything stopped after.
+    ``model`` is a built-in name or a checkpoint directory of a tiny config."""
     from k3serve.server.app import build_app, start_state
     from k3serve.server.state import ServerConfig
 
     engine = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": 64, "max_model_len": 64,
-              "kv_cache_memory": cache_budget(blocks, tp, ep), "tensor_parallel_size": tp,
-              "expert_parallel": ep, "log_stats_interval": 0.0}
-    app = build_app(ServerConfig(model=MODEL, engine=engine, data_parallel_size=dp, access_log=False,
+              "kv_cache_memory": cache_budget(blocks, tp, ep, _config_name(model)), "tensor_parallel_size": tp,
+              "expert_parallel": ep, "log_stats_interval": 0.0, **engine_extra}
+    app = build_app(ServerConfig(model=model, engine=engine, data_parallel_size=dp, access_log=False,
                                  max_engine_restarts=0))
     state = app.state.k3
     try:
@@ -68,13 +70,24 @@ async def serving(*, tp: int = 1, dp: int = 1, ep: bool = False, blocks: int = 7
         state.pool.shutdown()
 
 
-async def complete_all(http: httpx.AsyncClient, max_tokens: int = 8) -> list[list[int]]:
-    """Every prompt at once; each greedy completion's tokens (as the server's logprobs name them)."""
+def _config_name(model: str) -> str:
+    """The packaged config a served model is built from: ``k3-tiny`` for ``k3-tiny-random`` or a directory
+    written from it (its config.json names nothing, so the directory is named after it)."""
+    from pathlib import Path
+
+    name = Path(model).name
+    return name.removesuffix("-random").split("+")[0]
+
+
+async def complete_all(http: httpx.AsyncClient, max_tokens: int = 8, top: int = 0, model: str = MODEL):
+    """Every prompt at once; each greedy completion's tokens (as the server's logprobs name them), or with
+    ``top`` > 0 each completion's logprobs object (tokens, token_logprobs, top_logprobs)."""
     async def one(p):
-        r = await http.post("/v1/completions", json={"model": MODEL, "prompt": p, "max_tokens": max_tokens,
-                                                      "temperature": 0, "ignore_eos": True, "logprobs": 0})
+        r = await http.post("/v1/completions", json={"model": model, "prompt": p, "max_tokens": max_tokens,
+                                                      "temperature": 0, "ignore_eos": True, "logprobs": top})
         assert r.status_code == 200, r.text
-        return r.json()["choices"][0]["logprobs"]["tokens"]
+        lp = r.json()["choices"][0]["logprobs"]
+        return lp if top else lp["tokens"]
 
     return list(await asyncio.gather(*(one(p) for p in prompts())))
 

@@ -105,3 +105,41 @@ def test_large_model_figures_keep_their_units(capsys):
     assert main(["params", "--model", "kimi-k3"]) == 0
     text = capsys.readouterr().out
     assert "(2,779.9B)" in text and "1,560.9 GB (1.42 TiB)" in text
+
+
+def test_multi_node_tp_ep_command_parses_on_every_node(capsys, monkeypatch):
+    """A flat TP+EP replica over two H200 nodes: the printed k3serve line carries the tp, expert and node flags
+    itself, and with the placeholders filled in (as each node's shell does) serve accepts it on both nodes."""
+    out, text = plan(capsys, "--gpu", "H200", "--tp", "16", "--context-length", "128k")
+    line = out["commands"]["k3serve"]
+    for flag in ("--tensor-parallel-size 16", "--enable-expert-parallel", "--nnodes 2", "--node-rank $NODE_RANK",
+                 "--master-addr $HEAD_ADDR"):
+        assert flag in line, line
+    assert out["k3serve_not_yet_supported"] == [] and "not yet supported by k3serve" not in text
+    from k3serve.models.registry import packaged_config
+
+    monkeypatch.setattr("k3serve.models.registry.resolve_model_path",
+                        lambda name, **kw: packaged_config("kimi-k3"))
+    monkeypatch.setattr("k3serve.engine.config.check_device", lambda device: None)
+    for node in (0, 1):
+        args = serve_args(line.replace("$NODE_RANK", str(node)).replace("$HEAD_ADDR", "10.0.0.1"))
+        assert (args.node_rank, args.nnodes, args.master_addr) == (node, 2, "10.0.0.1")
+        engine = serve_cli.server_config(args).engine
+        assert engine["tensor_parallel_size"] == 16 and engine["expert_parallel"] and engine["nnodes"] == 2
+
+
+@pytest.mark.parametrize("argv, says", [
+    # the reported case: tp16 fits its weights but not one 1M-token sequence of MLA KV, which every TP rank holds
+    (["--gpu", "H200", "--tp", "16"], ["leave 20.9 GB", "up to 754,044 tokens", "16 GPUs fit with another layout",
+                                       "needs 29.0 GB (MLA latent KV 29.0 GB, whole on every TP rank",
+                                       "pipeline parallelism: 2 stages (tp16pp2dp1ep16, 32 GPUs)"]),
+    # too few GPUs: the weights alone exceed the budget
+    (["--gpu", "H200", "--num-gpus", "8"], ["weights 205.2 GB", "by 76.2 GB before any KV cache",
+                                            "smallest replica that fits is 16 GPUs"]),
+])
+def test_no_fit_says_which_memory_term_fails(capsys, argv, says):
+    assert main(["plan", *argv]) != 0
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "minimum is" not in err, err
+    for s in says:
+        assert s in err, (s, err)

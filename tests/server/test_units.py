@@ -117,7 +117,12 @@ def test_cli_help_and_unsupported_flags(capsys):
                        (["--nnodes", "2"], "cannot be spread evenly"),
                        (["-tp", "2", "--nnodes", "2"], "needs --master-addr"),
                        (["-tp", "2", "--nnodes", "2", "--master-addr", "h", "-dp", "2"], "not supported yet"),
-                       (["-tp", "2", "--nnodes", "2", "--master-addr", "h", "--node-rank", "2"], "--node-rank 2")):
+                       (["-tp", "2", "--nnodes", "2", "--master-addr", "h", "--node-rank", "2"], "--node-rank 2"),
+                       (["-tp", "2", "--eplb-interval", "8"], "need --enable-expert-parallel"),
+                       (["-tp", "2", "--enable-expert-parallel", "--eplb-redundant-experts", "2"],
+                        "needs --eplb-interval"),
+                       (["-tp", "2", "--enable-expert-parallel", "--eplb-interval", "8", "--eplb-redundant-experts",
+                         "1"], "cannot be split evenly over 2 ranks")):
         assert main(["serve", *flags]) != 0
         err = capsys.readouterr().err
         assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (flags, err)
