@@ -180,7 +180,10 @@ def _write_outputs(out_dir: Path, results: list[dict[str, Any]], points: list[Po
     shown = [r for r in results if r.get("modelled") or r["key"] in keys]
     f = fronts(shown, slo, args.throughput, args.latency)
     summary = _best_and_default(shown, slo, args.throughput, args.latency)
+    by_model = {m: [p["key"] for p in fronts([r for r in shown if r["model"] == m], slo, args.throughput,
+                                             args.latency)["measured"]] for m in summary}
     meta = {"throughput": args.throughput, "latency": args.latency, "slo_ms": dict(slo.limits),
+            "measured_front_keys_by_model": by_model,
             "sweep_wall_s": round(wall_s, 1), "best_and_default": summary,
             "failed_points": [{"key": r["key"], "error": r.get("error")} for r in shown if r["status"] == "failed"]}
     write_front(out_dir / "front.json", f, meta)

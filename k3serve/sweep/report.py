@@ -61,7 +61,8 @@ def table(points: Sequence[dict[str, Any]], fronts: dict[str, list[dict[str, Any
 def plot(path: Path, points: Sequence[dict[str, Any]], fronts: dict[str, list[dict[str, Any]]], slo: SLO,
          throughput: str, latency: str) -> None:
     """Throughput vs latency: measured points (left) and modelled ones (right, log axes) on their own axes;
-    every point grey, the SLO-meeting ones coloured, the front joined by a line."""
+    points missing the SLO grey, the others coloured by model (GPU for modelled ones), the front joined by a
+    numbered line (the order of front.json)."""
     from k3serve.bench.plots import pyplot
 
     plt = pyplot()
@@ -72,8 +73,11 @@ def plot(path: Path, points: Sequence[dict[str, Any]], fronts: dict[str, list[di
         mine = [p for p in points if bool(p.get("modelled")) == (kind == "modelled")
                 and p.get(throughput) is not None and p.get(latency) is not None]
         ok = [p for p in mine if eligible(p, slo, throughput, latency)]
-        ax.scatter([p[latency] for p in mine], [p[throughput] for p in mine], c="lightgrey", label="all points")
-        ax.scatter([p[latency] for p in ok], [p[throughput] for p in ok], c="tab:blue", label="meets the SLO")
+        ax.scatter([p[latency] for p in mine], [p[throughput] for p in mine], c="lightgrey", label="misses the SLO")
+        groups = "gpu" if kind == "modelled" else "model"  # one colour per model (measured) or GPU (modelled)
+        for name in dict.fromkeys(p.get(groups) for p in ok):
+            mine_ok = [p for p in ok if p.get(groups) == name]
+            ax.scatter([p[latency] for p in mine_ok], [p[throughput] for p in mine_ok], label=str(name))
         front = fronts.get(kind, [])
         ax.plot([p[latency] for p in front], [p[throughput] for p in front], "o-", c="tab:red", label="front")
         for i, p in enumerate(front):
