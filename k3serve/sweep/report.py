@@ -44,10 +44,14 @@ def _fmt(v: Any) -> str:
 
 def table(points: Sequence[dict[str, Any]], fronts: dict[str, list[dict[str, Any]]], slo: SLO,
           throughput: str, latency: str) -> str:
-    """One row per point: '*' on its front, 'slo' when eligible, its throughput, latency and status/error."""
+    """One row per measured point and per modelled point on its front: '*' on a front, 'slo' when eligible,
+    its throughput, latency and status/error."""
     on_front = {p["key"] for f in fronts.values() for p in f}
     rows = [("", "point", throughput, latency, "slo", "status")]
+    hidden = [p for p in points if p.get("modelled") and p["key"] not in on_front]
     for p in points:
+        if p in hidden:
+            continue
         ok = eligible(p, slo, throughput, latency)
         status = p.get("status", "?") if p.get("status") != "failed" else f"failed: {p.get('error')}"
         if p.get("status") == "ok" and p.get("failed"):
@@ -55,7 +59,10 @@ def table(points: Sequence[dict[str, Any]], fronts: dict[str, list[dict[str, Any
         rows.append(("*" if p["key"] in on_front else "", ("[modelled] " if p.get("modelled") else "") + p["key"],
                      _fmt(p.get(throughput)), _fmt(p.get(latency)), "yes" if ok else "no", status[:80]))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows)
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
+    if hidden:
+        lines.append(f"   ({len(hidden)} modelled points off their front: see {POINTS})")
+    return "\n".join(lines)
 
 
 def plot(path: Path, points: Sequence[dict[str, Any]], fronts: dict[str, list[dict[str, Any]]], slo: SLO,

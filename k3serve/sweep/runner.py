@@ -150,7 +150,7 @@ def run_point(point: Point, workload: Workload, log_dir: Path, timeout_s: float,
     finally:
         server.stop()
     result["wall_s"] = round(time.monotonic() - t0, 2)
-    result["log"] = str(server.log_path)
+    result["log"], result["port"] = str(server.log_path), server.port
     return result
 
 
