@@ -126,12 +126,13 @@ def run(args: argparse.Namespace) -> int:
     done = load_points(out_dir)
     if any(not p.get("modelled") and p.get("workload") != wl for p in done):
         raise ValueError(f"{out_dir / POINTS} holds points of another workload: use another --output-dir or --fresh")
-    keep = [p for p in done if not (args.retry_failed and p.get("status") == "failed")]
-    have = {p["key"] for p in keep}
-    for m in modelled:
-        if m["key"] not in have:
+    stored = {p["key"] for p in done}
+    for m in modelled:  # recomputed every run (cheap, deterministic); recorded once
+        if m["key"] not in stored:
             append_point(out_dir, m)
-            keep.append(m)
+    keep = [p for p in done if not p.get("modelled") and not (args.retry_failed and p.get("status") == "failed")]
+    have = {p["key"] for p in keep}
+    keep += modelled
     todo = [pt for pt in points if pt.key not in have]
     print(f"k3serve sweep: {len(points)} real points ({len(points) - len(todo)} already in {out_dir / POINTS}), "
           f"{len(modelled)} modelled", file=sys.stderr)

@@ -57,7 +57,7 @@ def modelled_points(specs: Sequence[tuple[GPU, int]], context: int,
                                                layout=lay))
                 d, ttft_ms = plan.decode_at_concurrency, plan.prefill.seconds * 1e3
                 point: dict[str, Any] = {
-                    "key": f"{name} {gpu.name}x{n} {lay} concurrency={conc}", "model": name, "modelled": True,
+                    "key": f"{name} {gpu.name}x{n} {lay} context={context} concurrency={conc}", "model": name, "modelled": True,
                     "status": "ok", "gpu": gpu.name, "gpus": n, "layout": str(lay), "concurrency": conc,
                     "context": context, "bound": d.bound, "output_throughput": d.tokens_per_s,
                     "command": plan.commands["k3serve"],

@@ -14,17 +14,20 @@ POINTS = "points.jsonl"
 
 
 def load_points(out_dir: Path) -> list[dict[str, Any]]:
-    """Results already in points.jsonl; a torn last line (the sweep killed mid-write) is dropped."""
+    """Results already in points.jsonl, the last line of each key winning (a retried point supersedes its
+    failure); a torn line (the sweep killed mid-write) is dropped."""
     path = out_dir / POINTS
     if not path.exists():
         return []
-    out = []
+    out: dict[str, dict[str, Any]] = {}
     for line in path.read_text().splitlines():
         try:
-            out.append(json.loads(line))
+            point = json.loads(line)
         except ValueError:
             continue
-    return out
+        out.pop(point.get("key"), None)
+        out[point.get("key")] = point
+    return list(out.values())
 
 
 def append_point(out_dir: Path, point: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from k3serve.cli import main
 from k3serve.sweep import runner
+from k3serve.sweep.report import load_points
 
 
 def _fake_run(calls):
@@ -57,6 +58,8 @@ def test_failed_points_are_recorded_and_the_sweep_goes_on_then_resumes(tmp_path,
     calls.clear()
     assert _sweep(tmp_path) == 0 and calls == []  # everything is in points.jsonl already
     assert _sweep(tmp_path, "--retry-failed") == 0 and len(calls) == 3 and all("broken" in c for c in calls)
+    assert len(_lines(tmp_path)) == 9 and len(load_points(tmp_path)) == 6  # a retry supersedes its failure
+    assert len(json.loads((tmp_path / "front.json").read_text())["failed_points"]) == 3
     calls.clear()
     assert _sweep(tmp_path, "--fresh") == 0 and len(calls) == 6 and len(_lines(tmp_path)) == 6
 
@@ -107,3 +110,16 @@ def test_real_sweep_of_two_points_and_a_model_that_fails(tmp_path, capsys):
         if b"k3serve" in argv and b"--port" in argv:
             assert argv[argv.index(b"--port") + 1].decode() not in ports, argv
     assert all(Path(p["log"]).exists() for p in real)
+
+
+def test_modelled_points_are_recorded_once_and_get_their_own_front(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "run_point", _fake_run([]))
+    argv = ["sweep", "--models", "m", "--grid", "max_num_seqs=1", "--modelled", "GB300:8", "--disable-tqdm",
+            "--output-dir", str(tmp_path)]
+    assert main(argv) == 0 and main(argv) == 0
+    modelled = [p for p in _lines(tmp_path) if p["modelled"]]
+    assert modelled and len(modelled) == len({p["key"] for p in modelled})
+    front = json.loads((tmp_path / "front.json").read_text())["fronts"]
+    assert [p["key"] for p in front["measured"]] == ["m max_num_seqs=1"]
+    assert front["modelled"] and all(p["modelled"] and "--tensor-parallel-size" in p["command"]
+                                     for p in front["modelled"])
