@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "route": ("k3serve.router.cli", "KV-cache-aware router across replicas, and its trace simulator"),
     "plan": ("k3serve.plan.cli", "plan a Kimi K3 deployment on a GPU type"),
     "bench": ("k3serve.bench.cli", "load-generate against an OpenAI-compatible server"),
+    "sweep": ("k3serve.sweep.cli", "measure a grid of serve configurations; Pareto front of throughput vs latency"),
     "verify": ("k3serve.verify.cli", "pre-flight checks of an endpoint against the Kimi K3 serving contract"),
     "params": ("k3serve.entrypoints.params_cli", "count a model config's total and active parameters"),
 }

@@ -23,7 +23,7 @@ TIERS: dict[str, int] = {
     "engine": 6,
     "server": 7, "router": 7,
     # tools on top; they may use one another (cycles are still refused)
-    "bench": 8, "verify": 8, "plan": 8, "entrypoints": 8, "testing": 8, "cli": 8, "__main__": 8, "__init__": 8,
+    "bench": 8, "verify": 8, "sweep": 8, "plan": 8, "entrypoints": 8, "testing": 8, "cli": 8, "__main__": 8, "__init__": 8,
 }
 TOP = 8
 

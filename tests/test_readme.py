@@ -176,6 +176,8 @@ def run_readme_command(command: str, stand_ins: dict[str, str]) -> None:
         _bench(argv, env)
     elif sub in ("route", "generate", "tokenize", "params", "plan"):
         _run(argv, env)
+    elif sub == "sweep":  # its flags and grid, checked and expanded; a real sweep is minutes (tests/sweep runs one)
+        _run([*argv, "--dry-run"], env)
     else:
         pytest.fail(f"README command `{command}` has no way to run here: add one to {__file__}")
 
@@ -183,7 +185,7 @@ def run_readme_command(command: str, stand_ins: dict[str, str]) -> None:
 def test_every_readme_command_is_covered():
     commands = readme_commands()
     assert "k3serve serve" in commands and len(commands) >= 10
-    known = {"serve", "route", "bench", "verify", "generate", "tokenize", "params", "plan"}
+    known = {"serve", "route", "bench", "verify", "generate", "tokenize", "params", "plan", "sweep"}
     assert {shlex.split(c)[1] for c in commands} <= known
 
 
