@@ -34,11 +34,16 @@ class CoreSpec(msgspec.Struct, frozen=True):
     master_addr: str = "127.0.0.1"
     master_port: int | None = None  # None: a free local port (one host only)
     dp_rank: int = 0  # which data-parallel replica this is (picks its GPUs on a shared host)
+    # > 1 only when the experts span the replicas: one world of tp * dp ranks, engine cores in lockstep
+    # (engine/dp_sync.py); plain data parallelism keeps 1 (each replica its own world)
+    data_parallel_size: int = 1
 
     def layout(self):
         from k3serve.core.distributed import ParallelLayout
 
-        tp = self.tensor_parallel_size
+        tp, dp = self.tensor_parallel_size, self.data_parallel_size
+        if dp > 1:
+            return ParallelLayout(tp=tp, ep=tp * dp, dp=dp)
         return ParallelLayout(tp=tp, ep=tp if self.expert_parallel else 1)
 
     def rank_device(self, rank: int) -> str:

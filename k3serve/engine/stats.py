@@ -23,6 +23,7 @@ class EngineStats:
     num_spec_rows: int = 0  # speculative decoding: decode rows verified (k = 0 included)
     num_draft_tokens: int = 0  # drafts proposed (and verified)
     num_accepted_tokens: int = 0  # drafts accepted
+    num_dummy_steps: int = 0  # forwards for no request, in step with other data-parallel cores (dp_sync.py)
 
     @property
     def cache_usage(self) -> float:
