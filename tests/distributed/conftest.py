@@ -54,6 +54,8 @@ async def serving(*, tp: int = 1, dp: int = 1, ep: bool = False, blocks: int = 7
     engine = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": 64, "max_model_len": 64,
               "kv_cache_memory": cache_budget(blocks, tp, ep), "tensor_parallel_size": tp,
               "expert_parallel": ep, "log_stats_interval": 0.0}
+    if dp > 1 and ep:  # experts over all tp x dp ranks: one world, cores in lockstep (parallel_cli.check_parallel)
+        engine["data_parallel_size"] = dp
     app = build_app(ServerConfig(model=MODEL, engine=engine, data_parallel_size=dp, access_log=False,
                                  max_engine_restarts=0))
     state = app.state.k3
