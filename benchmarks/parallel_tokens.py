@@ -8,6 +8,9 @@ output tokens / wall time from the first request sent to the last response. The 
 are compared with tp=1's (``same`` column).
 
     python benchmarks/parallel_tokens.py --model k3-tiny-random --requests 16 --max-tokens 32
+
+A layout ending in ``e`` adds ``--enable-expert-parallel``: ``2x1e`` is tp2 + ep2, ``1x2e`` is dp2 + ep2 (the
+experts over both replicas, their cores in lockstep: engine/dp_sync.py).
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import time
 import httpx
 
 
-async def measure(model: str, tp: int, dp: int, prompts: list[list[int]], max_tokens: int):
+async def measure(model: str, tp: int, dp: int, prompts: list[list[int]], max_tokens: int, ep: bool = False):
     from k3serve.server.app import build_app, start_state
     from k3serve.server.state import ServerConfig
 
-    engine = {"tensor_parallel_size": tp, "log_stats_interval": 0.0, "max_model_len": 256}
+    engine = {"tensor_parallel_size": tp, "log_stats_interval": 0.0, "max_model_len": 256, "expert_parallel": ep}
+    if ep and dp > 1:  # one world of tp x dp ranks (parallel_cli.check_parallel)
+        engine["data_parallel_size"] = dp
     app = build_app(ServerConfig(model=model, engine=engine, data_parallel_size=dp, access_log=False))
     state = app.state.k3
     try:
@@ -52,17 +57,20 @@ def main() -> None:
     ap.add_argument("--model", default="k3-tiny-random")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--layouts", default="1x1,2x1,4x1,1x2", help="comma-separated TPxDP")
+    ap.add_argument("--layouts", default="1x1,2x1,4x1,1x2", help="comma-separated TPxDP, e.g. 1x2e (e: experts "
+                                                                 "parallel over all tp x dp ranks)")
     a = ap.parse_args()
     rng = random.Random(0)
     prompts = [[rng.randrange(2000) for _ in range(rng.randint(16, 64))] for _ in range(a.requests)]
     ref = None
     print("| layout | processes | output tok/s | same as tp=1 |\n|---|---|---|---|")
     for lay in a.layouts.split(","):
-        tp, dp = map(int, lay.split("x"))
-        texts, tps = asyncio.run(measure(a.model, tp, dp, prompts, a.max_tokens))
+        ep = lay.endswith("e")
+        tp, dp = map(int, lay.rstrip("e").split("x"))
+        texts, tps = asyncio.run(measure(a.model, tp, dp, prompts, a.max_tokens, ep))
         ref = texts if ref is None else ref
-        print(f"| tp={tp} dp={dp} | {tp * dp} | {tps:.1f} | {texts == ref} |", flush=True)
+        name = f"tp={tp} dp={dp}" + (f" ep={tp * dp}" if ep else "")
+        print(f"| {name} | {tp * dp} | {tps:.1f} | {texts == ref} |", flush=True)
 
 
 if __name__ == "__main__":

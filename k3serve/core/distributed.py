@@ -6,8 +6,11 @@ in it: its ranks and the torch.distributed groups (gloo on CPU, NCCL on GPUs). L
 ``Parallel`` (``SINGLE`` when the model runs in one process) and call the collectives below; with one rank
 every collective is the identity, so the single-process path runs the same layer code.
 
-World rank layout (dp outermost): ``rank = dp_rank * tp + tp_rank``. Expert parallelism runs across the
-``tp`` ranks of one dp group (``ep`` is 1 or ``tp``), as in vLLM's ``--enable-expert-parallel``.
+World rank layout (dp outermost): ``rank = dp_rank * tp + tp_rank``. Expert parallelism runs either across the
+``tp`` ranks of one dp group (``ep == tp``, the tp group is the ep group), or across the whole world
+(``ep == tp * dp``: attention data parallel with the experts over every GPU, as vLLM's ``-dp D -tp T
+--enable-expert-parallel`` and SGLang's ``--enable-dp-attention``). Then each dp group runs its own batch: the
+attention collectives stay in its tp group, and only the MoE dispatch/combine spans the ep group (the world).
 
 Reduction modes: ``"fast"`` is ``all_reduce`` (the backend picks the order, so TP-N differs from TP-1 in
 the last bits); ``"ordered"`` all-gathers the partials and sums them in rank order, which is the order a
@@ -35,7 +38,7 @@ REDUCE_MODES = ("fast", "ordered")
 @dataclass(frozen=True)
 class ParallelLayout:
     tp: int = 1  # tensor-parallel ranks per replica (attention heads, projections, vocabulary, MoE width)
-    ep: int = 1  # expert-parallel ranks (1: experts split by width over tp; tp: whole experts per rank)
+    ep: int = 1  # expert-parallel ranks (1: experts split by width over tp; tp or tp*dp: whole experts per rank)
     dp: int = 1  # attention data-parallel groups, each its own scheduler and caches
     reduce_mode: str = "fast"
     pieces: int = 1  # partials per reduction (see the module docstring); 1 or a multiple of tp
@@ -45,9 +48,12 @@ class ParallelLayout:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if self.ep not in (1, self.tp):
-            raise ValueError(f"expert parallelism spans the tensor-parallel ranks: ep must be 1 or tp ({self.tp}), "
-                             f"got {self.ep}")
+        if self.ep not in (1, self.tp, self.tp * self.dp):
+            raise ValueError(f"expert parallelism spans the tensor-parallel ranks or all tp x dp ranks: ep must be "
+                             f"1, tp ({self.tp}) or tp*dp ({self.tp * self.dp}), got {self.ep}")
+        if self.dp > 1 and self.ep not in (1, self.tp * self.dp):
+            raise ValueError(f"with dp {self.dp} the experts span every rank: ep must be tp*dp "
+                             f"({self.tp * self.dp}), got {self.ep}")
         if self.reduce_mode not in REDUCE_MODES:
             raise ValueError(f"reduce_mode must be one of {REDUCE_MODES}, got {self.reduce_mode!r}")
         if self.pieces > 1 and self.pieces % self.tp:
@@ -61,6 +67,11 @@ class ParallelLayout:
     @property
     def world_size(self) -> int:
         return self.tp * self.dp
+
+    @property
+    def lockstep(self) -> bool:
+        """Whether the dp groups share MoE collectives, so every forward needs all of them (engine/dp_sync.py)."""
+        return self.dp > 1 and self.ep > 1
 
     def check(self, **counts: int) -> None:
         """Refuse a layout the model cannot be split by: ``counts`` names what tp divides (``heads=...``,
@@ -76,11 +87,13 @@ class ParallelLayout:
 
 @dataclass(frozen=True)
 class Parallel:
-    """This process's place in a layout; ``tp_group`` is None when tp == 1 (and in ``SINGLE``)."""
+    """This process's place in a layout; ``tp_group`` is None when tp == 1 (and in ``SINGLE``); ``ep_group`` is
+    the tp group when ep == tp, the world's group when ep == tp * dp."""
 
     layout: ParallelLayout = field(default_factory=ParallelLayout)
     rank: int = 0
     tp_group: Any = None
+    ep_group: Any = None
 
     @property
     def tp(self) -> int:
@@ -100,7 +113,9 @@ class Parallel:
 
     @property
     def ep_rank(self) -> int:
-        return self.tp_rank if self.layout.ep > 1 else 0
+        if self.layout.ep == 1:
+            return 0
+        return self.tp_rank if self.layout.ep == self.layout.tp else self.rank
 
     @property
     def local_pieces(self) -> int:
@@ -140,7 +155,8 @@ def init_parallel(layout: ParallelLayout, *, backend: str | None = None) -> Para
         group = dist.new_group(ranks) if layout.tp > 1 else None
         if rank in ranks:
             mine = group
-    return Parallel(layout, rank, mine)
+    ep_group = None if layout.ep == 1 else mine if layout.ep == layout.tp else dist.group.WORLD
+    return Parallel(layout, rank, mine, ep_group)
 
 
 def all_reduce(x: torch.Tensor, par: Parallel) -> torch.Tensor:
@@ -185,9 +201,10 @@ def reduce_pieces(parts: list[torch.Tensor], par: Parallel) -> torch.Tensor:
     return all_reduce(sum_partials(parts), par)
 
 
-# Expert-parallel exchange: variable-length all-to-all over the ep ranks (the tp group, since ep == tp).
-# torch's all_to_all_single takes uneven splits on gloo (CPU) and NCCL alike; the receiver must size its
-# buffer first, hence the count exchange before every payload.
+# Expert-parallel exchange: variable-length all-to-all over the ep ranks (the tp group when ep == tp, the
+# world when ep == tp * dp). torch's all_to_all_single takes uneven splits on gloo (CPU) and NCCL alike; the
+# receiver must size its buffer first, hence the count exchange before every payload. A rank with no tokens
+# sends and receives empty parts but joins every call: the others' calls pair up with its.
 
 
 def exchange_counts(send_counts: list[int], par: Parallel) -> list[int]:
@@ -196,8 +213,15 @@ def exchange_counts(send_counts: list[int], par: Parallel) -> list[int]:
         return list(send_counts)
     send = torch.tensor(send_counts, dtype=torch.int64)
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=par.tp_group)
+    dist.all_to_all_single(recv, send, group=par.ep_group)
     return recv.tolist()
+
+
+def ep_all_reduce(x: torch.Tensor, par: Parallel) -> torch.Tensor:
+    """Sum of ``x`` over the ep ranks (in place; the identity with one)."""
+    if par.ep > 1:
+        dist.all_reduce(x, group=par.ep_group)
+    return x
 
 
 def all_to_all(x: torch.Tensor, send_counts: list[int], recv_counts: list[int], par: Parallel) -> torch.Tensor:
@@ -206,17 +230,19 @@ def all_to_all(x: torch.Tensor, send_counts: list[int], recv_counts: list[int], 
     if par.ep == 1:
         return x
     out = x.new_empty((sum(recv_counts), *x.shape[1:]))
-    dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=par.tp_group)
+    dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=par.ep_group)
     return out
 
 
 def all_gather_rows(x: torch.Tensor, counts: list[int], par: Parallel) -> torch.Tensor:
-    """Concatenate each ep rank's ``x`` ``[counts[r], ...]`` in rank order (rows may differ per rank)."""
-    if par.ep == 1:
+    """Concatenate each tp rank's ``x`` ``[counts[r], ...]`` in rank order (rows may differ per rank)."""
+    if par.tp == 1:
         return x
     width = max(counts)
+    if width == 0:  # nobody has a row: still one (empty) result, no collective needed by anyone
+        return x
     padded = x.new_zeros((width, *x.shape[1:]))
     padded[:x.shape[0]] = x
-    parts = [torch.empty_like(padded) for _ in range(par.ep)]
+    parts = [torch.empty_like(padded) for _ in range(par.tp)]
     dist.all_gather(parts, padded, group=par.tp_group)
     return torch.cat([p[:c] for p, c in zip(parts, counts)])

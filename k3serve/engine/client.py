@@ -43,6 +43,7 @@ from k3serve.engine.messages import (
     Ready,
     Shutdown,
     Stats,
+    Wake,
     encode,
     from_engine_decoder,
 )
@@ -83,6 +84,7 @@ class EngineClient:
         self._pull = self._ctx.socket(zmq.PULL)
         self.last_heard = 0.0
         self._aborts: list[str] = []
+        self._wake_pending = False  # a Wake to send (engine/dp_sync.py: another lockstep core got a request)
         self._abort_wake = asyncio.Event()
         self._closed = False
         # admission reservations: a request's slots are held from its handler's admission check until the
@@ -296,10 +298,21 @@ class EngineClient:
             self._aborts.append(request_id)
             self._abort_wake.set()
 
+    def wake_soon(self) -> None:
+        """Queue a ``Wake`` (safe from synchronous code): the engine leaves its idle wait, as a core that steps
+        in lockstep with another that just got a request must."""
+        if self.alive:
+            self._wake_pending = True
+            self._abort_wake.set()
+
     async def _flush_aborts(self) -> None:
+        """Send the queued aborts (and a queued wake) from one task."""
         while True:
             await self._abort_wake.wait()
             self._abort_wake.clear()
             ids, self._aborts = self._aborts, []
             if ids:
                 await self._push.send(encode(AbortRequest(ids)))
+            if self._wake_pending:
+                self._wake_pending = False
+                await self._push.send(encode(Wake()))

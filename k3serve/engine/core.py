@@ -30,6 +30,7 @@ from k3serve.engine.messages import (
     Ready,
     Shutdown,
     Stats,
+    Wake,
     encode,
     to_engine_decoder,
     to_output,
@@ -76,7 +77,8 @@ def _stats(engine, pd=None) -> Stats:
                  num_preemptions=s.num_preemptions, num_steps=s.num_steps,
                  num_free_slots=engine.states.num_running_free, num_slots=engine.states.max_running,
                  num_spec_rows=s.num_spec_rows, num_draft_tokens=s.num_draft_tokens,
-                 num_accepted_tokens=s.num_accepted_tokens, num_expert_replicas=s.num_expert_replicas, **extra)
+                 num_accepted_tokens=s.num_accepted_tokens, num_expert_replicas=s.num_expert_replicas,
+                 num_dummy_steps=s.num_dummy_steps, **extra)
 
 
 def _kv_events_key(spec: CoreSpec):
@@ -97,6 +99,8 @@ class EngineCore:
         from k3serve.engine.guided import MIN_VOCAB, GuidedDecoding
         key = _kv_events_key(spec)
         self.group = group  # the tp step channel when this core is rank 0 of several
+        # data-parallel cores sharing the experts: one forward per iteration on every core (engine/dp_sync.py)
+        self.dp_sync = group.dp_sync if group is not None else None
         self.engine = build_engine(spec, par, group, hash_key=key.hash_key if key else b"")
         eos = self.engine.eos_token_ids
         self.guide = GuidedDecoding(self.engine.vocab_size, eos[0] if eos else 0,
@@ -120,6 +124,8 @@ class EngineCore:
                      supports_images=self.engine.supports_images)
 
     def handle(self, msg) -> list[Output]:
+        if isinstance(msg, Wake):  # it only ended the wait for messages
+            return []
         if isinstance(msg, AddRequest):
             if msg.handoff is not None:
                 return self.pd.add(msg)
@@ -162,7 +168,7 @@ class EngineCore:
 
     def step(self) -> list[Output]:
         try:
-            outs = self.engine.step()
+            outs = self.engine.step() if self.dp_sync is None else self.engine.step_or_dummy()
         except Exception as e:  # a failed step fails its requests, not the process
             if self.group is not None:  # other ranks may be mid-collective: this rank set cannot go on
                 raise
@@ -232,8 +238,9 @@ def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
     engine = core.engine
     last_beat = 0.0
     stats_logger = StatsLogger(spec.log_stats_interval, _stats(engine, core.pd), time.monotonic())
+    anyone_busy = False  # lockstep: whether the last reduction found work on any core (engine/dp_sync.py)
     while True:
-        busy = engine.has_unfinished_requests()
+        busy = engine.has_unfinished_requests() or anyone_busy
         outputs: list[Output] = []
         # while only grammars compile, wake often to admit them; never spin
         wait = 0 if busy else COMPILE_POLL_MS if core.compiling else int(HEARTBEAT_S * 1000)
@@ -250,7 +257,11 @@ def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
         if core.compiling:
             outputs += core.admit_compiled()
         outputs += core.pd.pump()
-        if engine.has_unfinished_requests():
+        if core.dp_sync is not None:  # every core reduces once per iteration, and steps iff anyone has work
+            anyone_busy = core.dp_sync.any_work(engine.has_unfinished_requests())
+            if anyone_busy:
+                outputs += core.step()
+        elif engine.has_unfinished_requests():
             outputs += core.step()
         core.pd.pump()  # a prefill hand-off is held (and fetchable) from the step that sampled its token
         if core.kv_events is not None:

@@ -36,12 +36,17 @@ class CoreSpec(msgspec.Struct, frozen=True):
     dp_rank: int = 0  # which data-parallel replica this is (picks its GPUs on a shared host)
     eplb_interval: int = 0  # expert parallel: re-place the experts every N forward steps (0: never)
     eplb_redundant_experts: int = 0  # extra expert slots per MoE layer, for the hottest experts' replicas
-    data_parallel_size: int = 1  # replicas on this host (each with its tp ranks): they share its cores
+    local_replicas: int = 1  # engine replicas on this host (each with its tp ranks): they share its cores
+    # > 1 only when the experts span the replicas: one world of tp * dp ranks, engine cores in lockstep
+    # (engine/dp_sync.py); plain data parallelism keeps 1 (each replica its own world)
+    data_parallel_size: int = 1
 
     def layout(self):
         from k3serve.core.distributed import ParallelLayout
 
-        tp = self.tensor_parallel_size
+        tp, dp = self.tensor_parallel_size, self.data_parallel_size
+        if dp > 1:
+            return ParallelLayout(tp=tp, ep=tp * dp, dp=dp)
         return ParallelLayout(tp=tp, ep=tp if self.expert_parallel else 1)
 
     def rank_device(self, rank: int) -> str:
@@ -63,7 +68,7 @@ def rank_threads(spec: CoreSpec, cores: int | None = None) -> int:
         return torch.get_num_threads()
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    procs = spec.tensor_parallel_size // spec.nnodes * spec.data_parallel_size
+    procs = spec.tensor_parallel_size // spec.nnodes * spec.local_replicas
     return max(1, cores // procs)
 
 

@@ -8,8 +8,11 @@ once, before any stats arrive. Admission (``check_admission``) is counted over t
 that dies fails its own requests (503) and is restarted like a lone engine; the server serves on from the
 others meanwhile, and gives up (``gave_up``) as soon as one replica has used all its restarts.
 
-Today the replicas share nothing (each is its own torch.distributed world); once experts are split across
-them, an idle replica keeps in step with ``LLMEngine.dummy_step``.
+Plain data parallelism: the replicas share nothing (each is its own torch.distributed world). With the experts
+spread over all of them (``spec_kwargs["data_parallel_size"] > 1``, from ``-dp D --enable-expert-parallel``)
+the replicas are one world of tp * dp ranks meeting at one master port, and their cores step in lockstep
+(``engine/dp_sync.py``): handing a request to one replica wakes the others. Such a world cannot re-form around
+one restarted replica, so there a replica's death gives the whole server up (no restarts).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import itertools
 
 import msgspec
 
+from k3serve.core.process import free_port
 from k3serve.engine.client import EngineBusy, EngineClient, EngineDead
 from k3serve.engine.messages import Stats
 
@@ -28,7 +32,14 @@ class DataParallelClient:
         if dp < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {dp}")
         self.max_queued_requests = max_queued_requests
-        self.replicas = [EngineClient({**spec_kwargs, "dp_rank": d, "data_parallel_size": dp},
+        self.lockstep = spec_kwargs.get("data_parallel_size", 1) > 1
+        if self.lockstep:
+            if spec_kwargs["data_parallel_size"] != dp:
+                raise ValueError(f"data_parallel_size {spec_kwargs['data_parallel_size']} in the engine spec, "
+                                 f"but {dp} replicas")
+            spec_kwargs = {**spec_kwargs, "master_port": spec_kwargs.get("master_port") or free_port()}
+            client_kwargs = {**client_kwargs, "max_restarts": 0}
+        self.replicas = [EngineClient({**spec_kwargs, "dp_rank": d, "local_replicas": dp},
                                       max_queued_requests=max_queued_requests, **client_kwargs) for d in range(dp)]
         self.gave_up = asyncio.Event()
         self._held: dict[asyncio.Task, int] = {}
@@ -118,4 +129,9 @@ class DataParallelClient:
         return min(order, key=lambda r: r.num_in_flight)
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params, **kwargs):
-        return self.pick().generate(request_id, prompt_token_ids, params, **kwargs)
+        replica = self.pick()
+        if self.lockstep:  # the others must step with it (engine/dp_sync.py): end their idle wait now
+            for r in self.replicas:
+                if r is not replica:
+                    r.wake_soon()
+        return replica.generate(request_id, prompt_token_ids, params, **kwargs)

@@ -119,6 +119,7 @@ class LLMEngine:
                                   eplb=(self.config.eplb_interval, self.config.eplb_redundant_experts))
         self._arrivals = 0
         self.num_steps = 0
+        self.num_dummy_steps = 0
         self.num_generated_tokens = 0
 
     def step(self) -> list[RequestOutput]:
@@ -131,6 +132,15 @@ class LLMEngine:
         self.num_steps += 1
         return self._process(batch, result, appended)
 
+    def step_or_dummy(self) -> list[RequestOutput]:
+        """``step``, or ``dummy_step`` when nothing was scheduled: exactly one forward either way (data-parallel
+        cores whose experts are shared step in lockstep: engine/dp_sync.py)."""
+        steps = self.num_steps
+        outputs = self.step()
+        if self.num_steps == steps:
+            self.dummy_step()
+        return outputs
+
     def dummy_step(self) -> None:
         """A one-token forward that belongs to no request (an idle data-parallel rank keeps in step with the
         others' collectives): it reads and writes only the reserved dummy block and slot, and samples nothing."""
@@ -138,6 +148,7 @@ class LLMEngine:
         if self.runner.group is not None:
             self.runner.group.send_step(s)
         self.runner.execute(s)
+        self.num_dummy_steps += 1
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                     images: Sequence[ImageInput] = (), logits_processor: LogitsProcessor | None = None,
@@ -193,7 +204,7 @@ class LLMEngine:
             num_computed_tokens=s.num_computed_tokens, num_generated_tokens=self.num_generated_tokens,
             num_preemptions=s.num_preemptions, num_steps=self.num_steps, num_spec_rows=s.num_spec_rows,
             num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
-            num_expert_replicas=self.runner.eplb.num_replicas)
+            num_expert_replicas=self.runner.eplb.num_replicas, num_dummy_steps=self.num_dummy_steps)
 
     def reset_prefix_cache(self) -> None:
         self.blocks.clear_cache()

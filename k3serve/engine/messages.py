@@ -58,7 +58,12 @@ class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
     pass
 
 
-ToEngine = AddRequest | AbortRequest | Shutdown
+class Wake(msgspec.Struct, tag="wake", frozen=True):
+    """Carries nothing: ends an idle core's wait, because another core got a request and the cores step in
+    lockstep (engine/dp_sync.py)."""
+
+
+ToEngine = AddRequest | AbortRequest | Shutdown | Wake
 
 
 class Stats(msgspec.Struct, frozen=True):
@@ -89,6 +94,7 @@ class Stats(msgspec.Struct, frozen=True):
     num_spec_rows: int = 0  # speculative decoding: verify rows, drafts proposed, drafts accepted
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_dummy_steps: int = 0  # forwards for no request (lockstep with other data-parallel cores)
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):

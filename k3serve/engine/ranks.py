@@ -45,12 +45,13 @@ def rank_env(rank: int, world: int, local_rank: int, master_addr: str, master_po
             "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
 
 
-def spawn_workers(spec_json: str, ranks: range, world: int, master_addr: str, master_port: int) -> list[subprocess.Popen]:
-    """``python -m k3serve.engine.worker SPEC`` for each of ``ranks`` (rank 0 excluded), children of this
-    process that die with it."""
+def spawn_workers(spec_json: str, ranks: range, world: int, master_addr: str, master_port: int,
+                  leader: int = 0) -> list[subprocess.Popen]:
+    """``python -m k3serve.engine.worker SPEC`` for each of ``ranks`` (``leader``, the engine core, excluded),
+    children of this process that die with it."""
     procs = []
     for local, rank in enumerate(ranks):
-        if rank == 0:
+        if rank == leader:
             continue
         env = compute_env({**os.environ, **rank_env(rank, world, local, master_addr, master_port)})
         procs.append(subprocess.Popen([sys.executable, "-m", "k3serve.engine.worker", spec_json],
@@ -121,9 +122,12 @@ def start_ranks(spec):
     workers = []
     if not launched_externally():
         port = spec.master_port or free_port()
-        os.environ.update(rank_env(0, layout.world_size, 0, spec.master_addr, port))
-        ranks = host_ranks(layout.tp, spec.nnodes, 0)
-        workers = spawn_workers(msgspec.json.encode(spec).decode(), ranks, layout.world_size, spec.master_addr, port)
+        # experts spanning the replicas (layout.dp > 1): one world, this core is its replica's first rank
+        first = spec.dp_rank * layout.tp if layout.dp > 1 else 0
+        os.environ.update(rank_env(first, layout.world_size, 0, spec.master_addr, port))
+        ranks = range(first, first + layout.tp) if layout.dp > 1 else host_ranks(layout.tp, spec.nnodes, 0)
+        workers = spawn_workers(msgspec.json.encode(spec).decode(), ranks, layout.world_size, spec.master_addr, port,
+                                leader=first)
     watchdog = Watchdog(workers, spec.output_addr).start()
     par, group = join(layout, spec.device)
     return par, group, watchdog

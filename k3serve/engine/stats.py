@@ -24,6 +24,7 @@ class EngineStats:
     num_draft_tokens: int = 0  # drafts proposed (and verified)
     num_accepted_tokens: int = 0  # drafts accepted
     num_expert_replicas: int = 0  # EPLB: expert copies beyond the first, over every MoE layer
+    num_dummy_steps: int = 0  # forwards for no request, in step with other data-parallel cores (dp_sync.py)
 
     @property
     def cache_usage(self) -> float:

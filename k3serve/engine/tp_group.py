@@ -56,12 +56,19 @@ def join(layout: ParallelLayout, device: str = "cpu") -> tuple[Parallel, "TPGrou
         g = dist.new_group(ranks, backend="gloo", timeout=dist_timeout())
         if par.rank in ranks:
             group = TPGroup(g, leader=ranks[0], is_leader=par.rank == ranks[0])
+    if layout.lockstep:  # the engine cores' own reduction (engine/dp_sync.py)
+        from k3serve.engine.dp_sync import DPSync
+
+        g = dist.new_group([d * layout.tp for d in range(layout.dp)], backend="gloo", timeout=dist_timeout())
+        if group.is_leader:
+            group.dp_sync = DPSync(g)
     return par, group
 
 
 class TPGroup:
     def __init__(self, group, *, leader: int, is_leader: bool):
         self.group, self.leader, self.is_leader = group, leader, is_leader
+        self.dp_sync = None  # an engine core whose forwards share MoE collectives with other cores: DPSync
 
     def _bcast(self, t: torch.Tensor) -> torch.Tensor:
         try:

@@ -3,7 +3,9 @@ the worker-only modes (a host with ``--node-rank K > 0``, or a torchrun rank oth
 
 One engine replica spans ``--tensor-parallel-size`` ranks, ``tp / nnodes`` per host; host 0 runs the HTTP
 server and rank 0 (which starts its host's other ranks); host K only starts its ranks and waits.
-``--data-parallel-size D`` runs D such replicas behind the one server (one host only for now).
+``--data-parallel-size D`` runs D such replicas behind the one server (one host only for now); with
+``--enable-expert-parallel`` as well, the experts spread over all tp * dp ranks (attention data parallel, one
+world, the replicas' cores in lockstep: engine/dp_sync.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="engine replicas (each its own scheduler, caches and tp ranks); requests go to the "
                           "least loaded one")
     par.add_argument("--enable-expert-parallel", action="store_true",
-                     help="whole experts per tp rank instead of every expert split by width")
+                     help="whole experts per rank instead of every expert split by width: over the tp ranks, or "
+                          "with --data-parallel-size D over all tp x D ranks (each replica keeps its own "
+                          "attention, scheduler and caches)")
     par.add_argument("--eplb-interval", type=int, default=0,
                      help="with --enable-expert-parallel: re-place the experts by their measured load every N "
                           "forward steps (0, the default: never)")
@@ -80,15 +84,23 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
     if getattr(args, "role", "both") != "both" and tp > 1:
         raise ValueError(f"--role {args.role} with --tensor-parallel-size {tp}: not supported yet (a hand-off "
                          "carries one rank's KDA heads)")
-    if getattr(args, "speculative_config", None) and tp > 1:
-        raise ValueError(f"--speculative-config with --tensor-parallel-size {tp}: not supported yet (the workers "
-                         "would need the drafts and the rollback)")
+    lockstep = dp > 1 and args.enable_expert_parallel
+    if lockstep and getattr(args, "role", "both") != "both":
+        raise ValueError(f"--role {args.role} with --data-parallel-size and --enable-expert-parallel: not "
+                         "supported yet")
+    if getattr(args, "speculative_config", None) and (tp > 1 or lockstep):
+        what = f"--tensor-parallel-size {tp}" if tp > 1 else f"--data-parallel-size {dp} --enable-expert-parallel"
+        raise ValueError(f"--speculative-config with {what}: not supported yet (the other ranks would need the "
+                         "drafts and the rollback)")
     eplb, redundant = args.eplb_interval, args.eplb_redundant_experts
     if eplb < 0 or redundant < 0:
         raise ValueError("--eplb-interval and --eplb-redundant-experts must be >= 0")
     if (eplb or redundant) and not (args.enable_expert_parallel and tp > 1):
         raise ValueError("--eplb-interval/--eplb-redundant-experts need --enable-expert-parallel with "
                          "--tensor-parallel-size > 1")
+    if (eplb or redundant) and lockstep:
+        raise ValueError("--eplb-interval/--eplb-redundant-experts with --data-parallel-size and "
+                         "--enable-expert-parallel: not supported yet (EPLB moves experts within the tp ranks)")
     if redundant and not eplb:
         raise ValueError("--eplb-redundant-experts needs --eplb-interval > 0 (the replicas are placed by EPLB)")
     experts = model_config.text.num_experts
@@ -96,11 +108,14 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
         raise ValueError(f"--eplb-redundant-experts {redundant}: {experts} experts + {redundant} cannot be split "
                          f"evenly over {tp} ranks")
     # the model's own check (heads, KDA heads, vocabulary, MLP and MoE widths or experts), before any rank starts
-    check_layout(model_config, Parallel(ParallelLayout(tp=tp, ep=tp if args.enable_expert_parallel else 1)))
+    layout = (ParallelLayout(tp=tp, ep=tp * dp, dp=dp) if lockstep else
+              ParallelLayout(tp=tp, ep=tp if args.enable_expert_parallel else 1))
+    check_layout(model_config, Parallel(layout))
     port = args.master_port or (DEFAULT_MASTER_PORT if nnodes > 1 else None)
-    return {"tensor_parallel_size": tp, "expert_parallel": args.enable_expert_parallel, "nnodes": nnodes,
-            "eplb_interval": eplb, "eplb_redundant_experts": redundant,
-            "master_addr": args.master_addr or "127.0.0.1", "master_port": port}
+    fields = {"tensor_parallel_size": tp, "expert_parallel": args.enable_expert_parallel, "nnodes": nnodes,
+              "eplb_interval": eplb, "eplb_redundant_experts": redundant,
+              "master_addr": args.master_addr or "127.0.0.1", "master_port": port}
+    return fields | ({"data_parallel_size": dp} if lockstep else {})
 
 
 def run_ranks_only(config, node_rank: int) -> int:

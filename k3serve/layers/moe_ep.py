@@ -1,14 +1,17 @@
 """Expert-parallel MoE: each ep rank holds some experts; tokens travel to them and their outputs come back.
 
-With ``ep`` ranks (the tp group) every rank holds the same tokens x ``[N, d]`` (attention runs replicated or
-tensor-parallel before the MoE), so rank r takes its own contiguous chunk of ``n_r ≈ N / ep`` tokens:
+The ``tp`` ranks of one dp group hold the same tokens x ``[N, d]`` (attention runs replicated or tensor-parallel
+before the MoE), so tp rank r takes its own contiguous chunk of ``n_r ≈ N / tp`` tokens. The ep ranks are that
+tp group (ep == tp) or every rank of every dp group (ep == tp * dp: each dp group has its own batch and N, zero
+when it is idle; its ranks still join every exchange with empty parts):
   weights, ids = router(x_r)                        ``[n_r, k]`` (router replicated on every rank)
   u = W_down x_r                                    ``[n_r, ℓ]`` (LatentMoE: the exchange is ℓ wide, not d)
   dispatch: assignment (t, j) -> a replica of expert ids[t, j] = (rank, local slot) (``eplb.Placement``);
       each token's row once per destination rank, all_to_all    each rank receives ``[m, ℓ]`` + (row, slot) ids
   LocalExperts: y = expert_slot(row) for every received row, through the ops/moe backends (k = 1, weight 1)
   combine: all_to_all back, then Σ_j w_tj · y_tj in slot order, fp32 ``[n_r, ℓ]`` (the single-process sum)
-  RMSNorm_ℓ, then all-gather the chunks (also ℓ wide) -> ``[N, ℓ]``, W_up and the shared experts replicated.
+  RMSNorm_ℓ, then all-gather the chunks over the tp group (also ℓ wide) -> ``[N, ℓ]``, W_up and the shared
+  experts replicated.
 With one rank this is the single-process ``SparseMoE`` computation step for step.
 """
 
@@ -18,7 +21,7 @@ import torch
 from torch import nn
 
 from k3serve.core.config import TextConfig
-from k3serve.core.distributed import Parallel, all_gather_rows, all_reduce, all_to_all, exchange_counts
+from k3serve.core.distributed import Parallel, all_gather_rows, all_to_all, ep_all_reduce, exchange_counts
 from k3serve.layers.eplb import ExpertLoad, Placement, block_placement, plan_placement, split_counts
 from k3serve.layers.moe import GatedMLP, MoEGate, RoutedExperts, SparseMoE, add_latent_projections
 from k3serve.layers.weights import WeightSlot, foreign_slot
@@ -166,7 +169,7 @@ class EPSparseMoE(nn.Module):
         expert weights into their new slots with one all_to_all per expert tensor, each copied from the first
         rank that holds it now. Every ep rank must call this at the same point."""
         par, old = self.par, self.placement
-        load = all_reduce(self.expert_load.counts.clone(), par).tolist()
+        load = ep_all_reduce(self.expert_load.counts.clone(), par).tolist()
         new = plan_placement(load, par.ep, redundant)
         src = [reps[0] for reps in old.replicas]  # (rank, slot) each expert is copied from
         mine = new.experts_of_rank[par.ep_rank]
@@ -185,9 +188,9 @@ class EPSparseMoE(nn.Module):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        counts = split_counts(x.shape[0], self.par.ep)
-        start = sum(counts[:self.par.ep_rank])
-        mine = x[start:start + counts[self.par.ep_rank]]
+        counts = split_counts(x.shape[0], self.par.tp)
+        start = sum(counts[:self.par.tp_rank])
+        mine = x[start:start + counts[self.par.tp_rank]]
         weights, ids = self.gate(mine)
         self.expert_load.add(ids)
         u = self.routed_expert_down_proj(mine) if self.latent else mine

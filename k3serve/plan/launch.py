@@ -32,9 +32,11 @@ class LaunchSpec:
 
 
 def k3serve_command(s: LaunchSpec, checkpoint: str) -> str:
-    # --device/--dtype: k3serve defaults to float32 on the CPU; the plan sizes BF16 weights on a GPU
+    # --device/--dtype: k3serve defaults to float32 on the CPU; the plan sizes BF16 weights on a GPU.
+    # --max-num-seqs is per engine core: each attention-DP group has its own scheduler
+    per_core = -(-s.max_num_seqs // s.layout.dp)
     return " ".join([f"k3serve serve {checkpoint}", "--device cuda", "--dtype bfloat16",
-                     f"--max-model-len {s.context_length}", f"--max-num-seqs {s.max_num_seqs}",
+                     f"--max-model-len {s.context_length}", f"--max-num-seqs {per_core}",
                      f"--max-num-batched-tokens {s.max_num_batched_tokens}",
                      f"--gpu-memory-utilization {s.gpu_memory_utilization}", *_k3serve_parallel(s)[0]])
 
@@ -49,17 +51,18 @@ def k3serve_not_yet_supported(s: LaunchSpec) -> tuple[str, ...]:
 
 def _k3serve_parallel(s: LaunchSpec) -> tuple[list[str], list[str]]:
     """(flags k3serve serve honours, flags it cannot yet) for the replica's layout. k3serve splits one replica
-    over tp ranks (experts over the same ranks with --enable-expert-parallel) across hosts; pipeline stages and
-    data-parallel groups whose experts span each other are not there yet."""
+    over tp ranks (experts over the same ranks with --enable-expert-parallel) across hosts, and attention-DP
+    groups with the experts over all tp x dp ranks on one host; pipeline stages and data-parallel groups
+    spanning hosts are not there yet."""
     lay, ok, no = s.layout, [], []
     if lay.tp > 1:
         ok.append(f"--tensor-parallel-size {lay.tp}")
     if lay.pp > 1:
         no.append(f"--pipeline-parallel-size {lay.pp}")
-    if lay.dp > 1:  # the plan's dp groups share experts (ep = tp x dp); k3serve's dp replicas share nothing yet
-        no.append(f"--data-parallel-size {lay.dp}")
+    if lay.dp > 1:  # the plan's dp groups share experts (ep = tp x dp): k3serve's -dp D --enable-expert-parallel
+        (ok if s.nodes == 1 else no).append(f"--data-parallel-size {lay.dp}")
     if lay.ep > 1:
-        (ok if lay.dp == 1 else no).append("--enable-expert-parallel")
+        (ok if lay.dp == 1 or s.nodes == 1 else no).append("--enable-expert-parallel")
     if s.nodes > 1:
         (ok if lay.pp == 1 and lay.dp == 1 else no).extend(
             [f"--nnodes {s.nodes}", "--node-rank $NODE_RANK", "--master-addr $HEAD_ADDR"])

@@ -47,15 +47,18 @@ def prompts() -> list[list[int]]:
 
 @contextlib.asynccontextmanager
 async def serving(*, tp: int = 1, dp: int = 1, ep: bool = False, blocks: int = 7, model: str = MODEL,
-                  **engine_extra):
+                  lockstep: bool | None = None, **engine_extra):
     """(httpx client on the app, app state) for a server with the given layout; everything stopped after.
-    ``model`` is a built-in name or a checkpoint directory of a tiny config."""
+    ``model`` is a built-in name or a checkpoint directory of a tiny config. With ``dp`` > 1 and ``ep`` the
+    experts span every replica's ranks (cores in lockstep) unless ``lockstep=False``: replicas of their own."""
     from k3serve.server.app import build_app, start_state
     from k3serve.server.state import ServerConfig
 
     engine = {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": 64, "max_model_len": 64,
               "kv_cache_memory": cache_budget(blocks, tp, ep, _config_name(model)), "tensor_parallel_size": tp,
               "expert_parallel": ep, "log_stats_interval": 0.0, **engine_extra}
+    if dp > 1 and ep and lockstep is not False:  # experts over all tp x dp ranks: one world (check_parallel)
+        engine["data_parallel_size"] = dp
     app = build_app(ServerConfig(model=model, engine=engine, data_parallel_size=dp, access_log=False,
                                  max_engine_restarts=0))
     state = app.state.k3

@@ -18,8 +18,8 @@ def spec(**kw) -> CoreSpec:
 @pytest.mark.parametrize(("kw", "cores", "threads"), [
     ({}, 2, 2),
     ({"tensor_parallel_size": 2}, 2, 1),
-    ({"data_parallel_size": 2}, 2, 1),
-    ({"tensor_parallel_size": 2, "data_parallel_size": 2}, 16, 4),
+    ({"local_replicas": 2}, 2, 1),
+    ({"tensor_parallel_size": 2, "local_replicas": 2}, 16, 4),
     ({"tensor_parallel_size": 4}, 2, 1),  # never 0
     ({"tensor_parallel_size": 8, "nnodes": 2}, 16, 4),  # 4 ranks on this host
 ])

@@ -132,3 +132,28 @@ def greedy_case(rank: int, world: int, port: int, ckpt: str, out_dir: str, new_t
     held = sorted({len(m.global_ids) for m in model.modules() if hasattr(m, "global_ids")})
     torch.save({"tokens": tokens, "logits": logits, "experts_held": held}, Path(out_dir, f"greedy{rank}.pt"))
     dist.destroy_process_group()
+
+
+# attention data parallel: each dp group has its own batch (sizes per dp group; 0 is an idle group that still
+# joins every exchange), the experts spread over all tp * dp ranks
+DP_CASES = {"latent-fp32": ({}, False, (37, 0)), "latent-mxfp4": ({}, True, (1, 40)),
+            "hidden-width": ({"routed_expert_hidden_size": None, "latent_moe_use_norm": False}, False, (19, 26))}
+
+
+def dp_moe_cases(rank: int, world: int, port: int, out_dir: str, tp: int) -> None:
+    par = join(rank, world, port, ParallelLayout(tp=tp, ep=world, dp=world // tp))
+    results = {}
+    for i, (name, (changes, mxfp4, sizes)) in enumerate(DP_CASES.items()):
+        cfg = tiny_text(**changes)
+        ref = reference_moe(cfg, mxfp4, torch.float32, seed=i, hot=None)
+        n = sizes[par.dp_rank]
+        x = torch.randn(n, cfg.hidden_size, generator=torch.Generator().manual_seed(100 * i + par.dp_rank))
+        ep = EPSparseMoE(cfg, mxfp4, par).eval()
+        ep.load_state_dict(ep_state_dict(ref.state_dict(), ep.placement, par.ep_rank))
+        with torch.inference_mode():
+            want, got = ref(x), ep(x)
+        results[name] = {"n": n, "equal": bool(torch.equal(got, want)),
+                         "max_abs": float((got - want).abs().max()) if n else 0.0,
+                         "received": ep.traffic["dispatch_bytes"] > 0}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()

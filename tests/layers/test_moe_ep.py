@@ -53,3 +53,31 @@ def test_ep2_matches_single_process(tmp_path):
 def test_ep4_matches_single_process(tmp_path):
     names = ["latent-fp32", "latent-mxfp4", "hot-replicated", "three-tokens", "hot-rebalanced"]
     _check(_run(4, names, tmp_path), names, 4)
+
+
+def _check_dp(results: list[dict]) -> None:
+    """Each dp group's output equals the single process on that group's batch alone: bit-exact in fp32 past the
+    dense form; MXFP4 within 1e-5, because an expert there also serves the other group's rows and the MXFP4
+    kernels round a lone row differently from the same row in a larger group (1 ulp seen)."""
+    E = ep_workers.tiny_text().num_experts
+    for name, (_, mxfp4, _) in ep_workers.DP_CASES.items():
+        for r, res in enumerate(results):
+            got = res[name]
+            if not mxfp4 and got["n"] * E > DENSE_MAX_ROWS:
+                assert got["equal"], (name, r, got)
+            else:
+                assert got["max_abs"] <= 1e-5, (name, r, got)
+    # the idle dp group (0 tokens) still served the other group's tokens routed to its experts
+    idle = [res["latent-fp32"] for res in results if res["latent-fp32"]["n"] == 0]
+    assert idle and all(got["received"] for got in idle)
+
+
+def test_ep_over_two_dp_groups_each_with_its_own_batch(tmp_path):
+    ep_workers.spawn(ep_workers.dp_moe_cases, 2, str(tmp_path), 1)
+    _check_dp([json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)])
+
+
+@pytest.mark.slow  # ~45 s on a shared 2-core machine: four spawned ranks
+def test_ep4_over_tp2_dp2_each_dp_group_with_its_own_batch(tmp_path):
+    ep_workers.spawn(ep_workers.dp_moe_cases, 4, str(tmp_path), 2)
+    _check_dp([json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)])

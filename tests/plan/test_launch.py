@@ -32,7 +32,8 @@ def serve_args(command: str):
 
 @pytest.mark.parametrize("argv, needs", [
     (["--gpu", "H100"], ["--pipeline-parallel-size 4", "--nnodes 4"]),
-    (["--gpu", "B300", "--context-length", "128k"], ["--enable-expert-parallel"]),
+    (["--gpu", "B300", "--context-length", "128k"], []),  # TP 4 x attention-DP 2, EP 8 on one node
+    (["--gpu", "H200", "--num-gpus", "16", "--context-length", "128k"], ["--data-parallel-size 2", "--nnodes 2"]),
     (["--gpu", "H100", "--model", "k3-default"], []),
     (["--gpu", "H100", "--model", "k3-default", "--kv-cache-dtype", "fp8"], ["--kv-cache-dtype fp8"]),
 ])
@@ -48,7 +49,10 @@ def test_printed_k3serve_command_is_accepted_by_serve(capsys, monkeypatch, argv,
                         lambda name, **kw: packaged_config(config_of[name]))
     monkeypatch.setattr("k3serve.engine.config.check_device", lambda device: None)
     config = serve_cli.server_config(args)
-    assert config.engine["device"] == "cuda" and config.engine["max_num_seqs"] == out["concurrency"]
+    dp = out["layout"]["attn_dp"]  # --max-num-seqs is per engine core, one core per attention-DP group
+    assert config.engine["device"] == "cuda" and config.engine["max_num_seqs"] == -(-out["concurrency"] // dp)
+    if "--data-parallel-size" in out["commands"]["k3serve"]:  # experts over all tp x dp ranks: one world
+        assert config.data_parallel_size == dp and config.engine["data_parallel_size"] == dp
     assert config.engine["max_model_len"] == out["context_length"]
     missing = out["k3serve_not_yet_supported"]
     assert all(n in missing for n in needs) and bool(missing) == bool(needs)
