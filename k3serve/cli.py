@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("k3serve.plan.cli", "plan a Kimi K3 deployment on a GPU type"),
     "bench": ("k3serve.bench.cli", "load-generate against an OpenAI-compatible server"),
     "verify": ("k3serve.verify.cli", "pre-flight checks of an endpoint against the Kimi K3 serving contract"),
+    "spec": ("k3serve.entrypoints.spec_cli", "speculative decoding: train an eagle3 draft head for a model"),
     "params": ("k3serve.entrypoints.params_cli", "count a model config's total and active parameters"),
 }
 
