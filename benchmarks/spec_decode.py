@@ -1,7 +1,8 @@
 """Speculative decoding through the server: mean acceptance length and per-request decode speed with and
 without each drafter, on a tool-calling and a code-editing workload, at batch 1; and batch-64 throughput.
 
-For each configuration (off, ngram, suffix) a server is started with the package's default model
+For each configuration (off, ngram, suffix; eagle3 with ``--head DIR``, a head from ``k3serve spec train``;
+draft_model with ``--draft-model NAME``) a server is started with the package's default model
 (``k3-default``) and ``--speculative-config``; the same greedy chat requests go to each:
   * tool: held-out tool-calling tasks (``training.tasks``: the call's arguments copy spans of the request);
   * edit: a short Python file and an instruction to return it with one identifier renamed.
@@ -142,8 +143,17 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the server")
     ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--configs", default="off,ngram,suffix", help="comma-separated subset of " + ",".join(CONFIGS))
+    ap.add_argument("--configs", default="off,ngram,suffix", help="comma-separated subset of " + ",".join(CONFIGS)
+                    + ",eagle3,draft_model")
+    ap.add_argument("--head", default=None, help="eagle3: the head's directory (k3serve spec train --out)")
+    ap.add_argument("--draft-model", default=None, help="draft_model: a model sharing k3-default's vocabulary")
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens of the model drafters")
     args = ap.parse_args()
+    if args.head:
+        CONFIGS["eagle3"] = json.dumps({"method": "eagle3", "model": args.head, "num_speculative_tokens": args.k})
+    if args.draft_model:
+        CONFIGS["draft_model"] = json.dumps({"method": "draft_model", "model": args.draft_model,
+                                             "num_speculative_tokens": args.k})
     unknown = [c for c in args.configs.split(",") if c not in CONFIGS]
     if unknown:
         print(f"spec_decode: unknown config {unknown[0]!r} (known: {', '.join(CONFIGS)})", file=sys.stderr)

@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("k3serve.bench.cli", "load-generate against an OpenAI-compatible server"),
     "sweep": ("k3serve.sweep.cli", "measure a grid of serve configurations; Pareto front of throughput vs latency"),
     "verify": ("k3serve.verify.cli", "pre-flight checks of an endpoint against the Kimi K3 serving contract"),
+    "spec": ("k3serve.entrypoints.spec_cli", "speculative decoding: train an eagle3 draft head for a model"),
     "params": ("k3serve.entrypoints.params_cli", "count a model config's total and active parameters"),
 }
 

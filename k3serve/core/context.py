@@ -68,6 +68,9 @@ class ForwardContext:
     # speculative decoding: the step's rollback (``engine.spec.rollback.Rollback``); its ``rows`` (decode rows,
     # ascending batch indices) go through ``spec.verify`` in every KDA layer instead of the prefill path
     spec: Any = None
+    # speculative decoding's eagle3 drafter: ``{layer index: None}`` asks the model to fill in each listed
+    # layer's output hidden state ``[N, d]`` (the residual stream after it); None (the default): nothing kept
+    capture: dict | None = None
     seq_lens: list[int] = field(init=False)  # [B] new tokens per sequence
     slot_mapping: torch.Tensor = field(init=False)  # [N] flat MLA cache slot of each new token
     has_initial_state: torch.Tensor = field(init=False)  # [B] bool, sequence continues cached state

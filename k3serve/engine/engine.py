@@ -31,7 +31,7 @@ from k3serve.engine.prefix_cache import HybridPrefixCache, NoPrefixCache
 from k3serve.engine.request import Batch, Request, RequestStatus
 from k3serve.engine.sampling_params import SamplingParams
 from k3serve.engine.scheduler import Scheduler
-from k3serve.engine.spec.speculator import Speculator
+from k3serve.engine.spec.speculator import Speculator, Target
 from k3serve.engine.state_pool import StatePool
 from k3serve.engine.step_inputs import StepInputs
 from k3serve.engine.tp_group import TPGroup
@@ -108,7 +108,10 @@ class LLMEngine:
         self.states = StatePool(config.max_num_seqs, self.plan.num_snapshot_slots)
         cache = HybridPrefixCache(self.blocks, self.states, config.hash_key) if config.enable_prefix_caching else NoPrefixCache()
         speculative = config.speculative_config
-        speculator = None if speculative is None else Speculator(speculative)
+        speculator = None
+        if speculative is not None:
+            speculator = Speculator(speculative, Target(model, self.vocab_size, self.max_model_len, dtype, device,
+                                                config.max_num_seqs))
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    state_cache_interval=config.state_cache_interval,
@@ -116,7 +119,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, caches, device, placeholder_id=model_config.media_placeholder_token_id,
                                   group=group if group is not None and group.is_leader else None,
                                   rollback=None if speculative is None else speculative.rollback,
-                                  eplb=(self.config.eplb_interval, self.config.eplb_redundant_experts))
+                                  eplb=(self.config.eplb_interval, self.config.eplb_redundant_experts),
+                                  capture_layers=speculator.capture_layers if speculator is not None else ())
         self._arrivals = 0
         self.num_steps = 0
         self.num_dummy_steps = 0

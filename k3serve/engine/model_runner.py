@@ -57,9 +57,12 @@ def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
 class ModelRunner:
     def __init__(self, model: nn.Module, caches: ModelCaches, device: torch.device | str = "cpu", *,
                  placeholder_id: int | None = None, group=None,
-                 rollback: str | type[Rollback] | None = None, eplb: tuple[int, int] = (0, 0)):
+                 rollback: str | type[Rollback] | None = None, eplb: tuple[int, int] = (0, 0),
+                 capture_layers: tuple[int, ...] = ()):
         self.model = model
         self.eplb = ExpertRebalancer(model, *eplb)  # (interval, redundant): every rank counts its forwards
+        # eagle3 speculation: these layers' hidden states at the sampling positions go to the requests
+        self.capture_layers = tuple(capture_layers)
         self.group = group  # a TPGroup when this is rank 0 of several: each step is broadcast before it runs
         # speculative decoding's state rollback strategy (a name in spec.rollback.STRATEGIES, or a class)
         self.rollback = STRATEGIES[rollback] if isinstance(rollback, str) else rollback
@@ -121,7 +124,8 @@ class ModelRunner:
                               state_slots=long_tensor(rows, self.device),
                               block_tables=long_tensor(s.block_tables, self.device).view(len(s.slots), s.width),
                               caches=self.caches, host_cu_seqlens=s.cu_seqlens, host_state_slots=rows,
-                              spec=rollback(rows) if rollback is not None else None)
+                              spec=rollback(rows) if rollback is not None else None,
+                              capture=dict.fromkeys(self.capture_layers) if self.capture_layers else None)
 
     @torch.inference_mode()
     def execute(self, s: StepInputs, rollback=None, settle=None) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
@@ -174,6 +178,8 @@ class ModelRunner:
                     out.sampled[i], out.logprobs[i] = result.tokens[j], result.logprobs[j]
             if ctx.spec is not None:
                 self._verify(batch, len(plain), ctx, logits, out)
+            if ctx.capture is not None:
+                self._keep_features(batch, plain, s.logit_rows, ctx, out)
 
         _, span_logits = self.execute(s, (lambda slots: self._rollback(batch, slots)) if spec else None, settle)
         out.prompt_logprobs = self._prompt_logprobs(batch, span_logits)
@@ -200,6 +206,18 @@ class ModelRunner:
                  for i, (slot, pos, _) in batch.spec_snapshots.items()
                  if batch.cached_lens[i] + 1 + len(out.accepted[i]) >= pos]
         ctx.spec.commit([len(out.accepted[i]) for i in ctx.spec.rows], snaps)
+
+    def _keep_features(self, batch: Batch, plain: list[int], logit_rows: list[int], ctx: ForwardContext,
+                       out: StepResult) -> None:
+        """Each sampling row's captured hidden features at the position that produced its sampled token."""
+        feats = torch.cat([ctx.capture[i][logit_rows] for i in self.capture_layers], dim=-1).float()
+        for j, i in enumerate(plain):
+            batch.requests[i].spec_features = (batch.cached_lens[i] + batch.num_new_tokens[i] - 1, feats[j])
+        at = len(plain)
+        for i in (ctx.spec.rows if ctx.spec is not None else ()):
+            a = len(out.accepted[i])
+            batch.requests[i].spec_features = (batch.cached_lens[i] + a, feats[at + a])
+            at += batch.num_new_tokens[i]
 
     def _prompt_logprobs(self, batch: Batch, span_logits: list[torch.Tensor]) -> list[list[dict[int, float]] | None]:
         """Logprob of each next prompt token at every prompt position this chunk computed (``inputs`` made

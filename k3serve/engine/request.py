@@ -61,6 +61,9 @@ class Request:
     prompt_logprobs: list[dict[int, float] | None] = field(init=False, default_factory=list)
     generator: torch.Generator | None = field(init=False, default=None)
     num_preemptions: int = field(init=False, default=0)
+    # eagle3 speculation: (position p, the target's captured hidden features at p [F]) of the last sampled
+    # token's predecessor, i.e. p = num_tokens - 2 when fresh (the model runner sets it, the drafter reads it)
+    spec_features: tuple[int, torch.Tensor] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

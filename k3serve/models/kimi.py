@@ -41,13 +41,18 @@ class KimiModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        keep = ctx.capture
         if not self.attn_res:
-            for layer in self.layers:
+            for i, layer in enumerate(self.layers):
                 h = layer(h, ctx)
+                if keep is not None and i in keep:
+                    keep[i] = h
             return self.norm(h)
         state = AttnResState(h)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             layer.forward_attn_res(state, ctx)
+            if keep is not None and i in keep:  # the plain residual stream: every block sum and the partial
+                keep[i] = sum(state.blocks, state.partial)
         h = registry.get("attn_res_mix")(state.blocks, state.partial, self.output_attn_res_proj.weight,
                                          self.output_attn_res_norm.weight, self.cfg.rms_norm_eps)
         return self.norm(h)

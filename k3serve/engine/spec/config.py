@@ -1,7 +1,10 @@
 """``SpeculativeConfig``: what ``--speculative-config '<json>'`` asks for, validated in one place.
 
 Keys (vLLM's names where vLLM has one):
-  method                 "ngram" (prompt lookup) or "suffix" (suffix matching over prompt + output)
+  method                 "ngram" (prompt lookup), "suffix" (suffix matching over prompt + output),
+                         "draft_model" (a small model sharing the tokenizer) or "eagle3" (a head trained by
+                         ``k3serve spec train`` on the target's hidden states)
+  model                  draft_model: the draft model's name or path; eagle3: the head's directory
   num_speculative_tokens k, drafts per decode row and step (0 runs the verify path with no drafts)
   prompt_lookup_max/min  n-gram lengths tried, longest first (ngram; suffix uses max as its match cap)
   rollback               "slots" (per-position state snapshots, the default) or "replay" (the reference:
@@ -14,13 +17,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 
-METHODS = ("ngram", "suffix")
+METHODS = ("ngram", "suffix", "draft_model", "eagle3")
+MODEL_METHODS = ("draft_model", "eagle3")  # the methods that load a model (``model`` names it)
 ROLLBACKS = ("slots", "replay")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     method: str = "ngram"
+    model: str | None = None
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
@@ -42,6 +47,11 @@ class SpeculativeConfig:
                   f"{name} must be an integer >= 1, got {v!r}")
         check(self.prompt_lookup_min <= self.prompt_lookup_max,
               f"prompt_lookup_min ({self.prompt_lookup_min}) is above prompt_lookup_max ({self.prompt_lookup_max})")
+        if self.method in MODEL_METHODS:
+            check(isinstance(self.model, str) and self.model != "",
+                  f"method {self.method!r} needs 'model' (a name or path)")
+        else:
+            check(self.model is None, f"'model' applies to {' and '.join(MODEL_METHODS)} only, not {self.method!r}")
         check(self.rollback in ROLLBACKS, f"unknown rollback {self.rollback!r} (choose from {', '.join(ROLLBACKS)})")
 
     @classmethod

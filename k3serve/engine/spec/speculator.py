@@ -4,21 +4,72 @@ A decode row gets ``k = num_speculative_tokens`` drafts from the drafter, capped
 inside the request's limits (``max_tokens``, ``max_model_len``) and the step's token budget. While more than ``max_running`` requests run,
 speculation backs off to k = 0: large batches are compute-bound and drafts would only cost. A row with k = 0
 still takes the verify path (``rollback.Rollback``); drafts are never a special case.
+
+Drafters without a model see only the request's tokens (``propose(token_ids, k)``); the model drafters
+(``draft_model``, ``eagle3``) keep per-request state and see the request (``propose_for(req, k)``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
 
 from k3serve.engine.request import Request
 from k3serve.engine.spec.config import SpeculativeConfig
 from k3serve.engine.spec.drafters import make_drafter
 
 
+@dataclass(frozen=True)
+class Target:
+    """What a model drafter needs to know of the model it drafts for."""
+    model: nn.Module
+    vocab_size: int
+    max_model_len: int
+    dtype: torch.dtype = torch.float32
+    device: torch.device | str = "cpu"
+    max_num_seqs: int = 1024
+
+
+def make_model_drafter(config: SpeculativeConfig, target: Target):
+    """The ``draft_model`` or ``eagle3`` drafter of ``config``; ValueError with one line when its model does
+    not fit the target (another vocabulary)."""
+    if config.method == "draft_model":
+        from k3serve.core.config import ModelConfig
+        from k3serve.engine.spec.draft_model import DraftModelDrafter
+        from k3serve.models.loader import load_model
+        from k3serve.models.registry import resolve_model_path
+
+        path = resolve_model_path(config.model)
+        vocab = ModelConfig.from_file(path).text.vocab_size  # checked before any weight is read
+        if vocab != target.vocab_size:
+            raise ValueError(f"speculative_config: draft model {config.model!r} has a vocabulary of {vocab} "
+                             f"tokens, the target {target.vocab_size}: they must share the tokenizer")
+        model, _ = load_model(path, dtype=target.dtype, progress=False, device=target.device)
+        return DraftModelDrafter(model, max_requests=min(config.max_running, target.max_num_seqs), max_len=target.max_model_len,
+                                 max_drafts=config.num_speculative_tokens, dtype=target.dtype, device=target.device)
+    from k3serve.engine.spec.eagle import EagleDrafter
+
+    return EagleDrafter.load(config.model, target.model, target.vocab_size, device=target.device)
+
+
 class Speculator:
-    def __init__(self, config: SpeculativeConfig):
+    def __init__(self, config: SpeculativeConfig, target: Target | None = None):
         self.config = config
-        self.drafter = make_drafter(config.method, prompt_lookup_min=config.prompt_lookup_min,
-                                    prompt_lookup_max=config.prompt_lookup_max)
+        if config.method in ("ngram", "suffix"):
+            self.drafter = make_drafter(config.method, prompt_lookup_min=config.prompt_lookup_min,
+                                        prompt_lookup_max=config.prompt_lookup_max)
+        else:
+            if target is None:
+                raise ValueError(f"speculative_config: method {config.method!r} needs the target model")
+            self.drafter = make_model_drafter(config, target)
         self.num_backoff_steps = 0  # steps in which the batch size turned speculation off
+
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        """The target layers whose hidden states the drafter reads (eagle3), else ()."""
+        return getattr(self.drafter, "capture_layers", ())
 
     def limit(self, req: Request, budget: int, num_running: int) -> int:
         """The most drafts ``req`` (a decode row) may get now."""
@@ -32,4 +83,9 @@ class Speculator:
         return max(k, 0)
 
     def propose(self, req: Request, k: int) -> list[int]:
-        return self.drafter.propose(req.token_ids, k)[:k] if k > 0 else []
+        if k <= 0:
+            return []
+        propose_for = getattr(self.drafter, "propose_for", None)
+        if propose_for is not None:
+            return propose_for(req, k)[:k]
+        return self.drafter.propose(req.token_ids, k)[:k]
