@@ -160,6 +160,18 @@ class EngineCore:
             out += self._add(msg, template)
         return out
 
+    def turn(self) -> list[Output]:
+        """One pass of the loop after the client's messages: admit compiled grammars, move hand-offs, step."""
+        outputs = self.admit_compiled() if self.compiling else []
+        outputs += self.pd.pump()
+        if self.engine.has_unfinished_requests():
+            outputs += self.step()
+        # after the step too: a prefill hand-off is fetchable from the step that sampled its token, and on the
+        # decode side a manifest that arrived during the step is imported here; its first token (for
+        # max_tokens=1 its only, finished, output) must reach the client, or that stream never ends
+        outputs += self.pd.pump()
+        return outputs
+
     def step(self) -> list[Output]:
         try:
             outs = self.engine.step()
@@ -247,12 +259,7 @@ def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
                 if isinstance(msg, Shutdown):
                     return 0
                 outputs += core.handle(msg)
-        if core.compiling:
-            outputs += core.admit_compiled()
-        outputs += core.pd.pump()
-        if engine.has_unfinished_requests():
-            outputs += core.step()
-        core.pd.pump()  # a prefill hand-off is held (and fetchable) from the step that sampled its token
+        outputs += core.turn()
         if core.kv_events is not None:
             core.kv_events.pump()
         now = time.monotonic()
