@@ -121,8 +121,6 @@ class EngineCore:
 
     def handle(self, msg) -> list[Output]:
         if isinstance(msg, AddRequest):
-            if msg.handoff is not None:
-                return self.pd.add(msg)
             if not self.guide.compiled(msg.grammar):  # a fresh grammar compiles aside; the batch keeps stepping
                 self.compiling[msg.request_id] = (msg, self.guide.compile_later(msg.grammar))
                 return []
@@ -137,9 +135,12 @@ class EngineCore:
     def _add(self, msg: AddRequest, template=None) -> list[Output]:
         try:
             proc = self.guide.processor(msg.grammar, dict(msg.logit_bias), msg.request_id, template)
-            self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params,
-                                    images=[image_input(d) for d in msg.images], logits_processor=proc,
-                                    prefill_only=self.pd.prefill_only)
+            images = [image_input(d) for d in msg.images]
+            if msg.handoff is not None:  # decode side: the caches (and the first token) come from a prefill worker
+                self.pd.add(msg, images, proc)
+            else:
+                self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params, images=images,
+                                        logits_processor=proc, prefill_only=self.pd.prefill_only)
         except (ValueError, TypeError) as e:  # refused: the client raises it for this request
             return [Output(msg.request_id, [], finished=True, error=str(e))]
         return []
