@@ -114,6 +114,8 @@ def main() -> None:
     ap.add_argument("--long-len", type=int, default=1536)
     ap.add_argument("--long-gap", type=float, default=1.0)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--handoff-timeout", type=float, default=120.0,
+                    help="the workers' --handoff-timeout: on a loaded CPU box a prefill step can outlast the default 30 s")
     ap.add_argument("--vocab", type=int, default=100_000, help="prompt token ids are drawn below this "
                     "(2048 for the k3-tiny-random models)")
     args = ap.parse_args()
@@ -126,7 +128,8 @@ def main() -> None:
     procs = []
     try:
         for port, role in zip(ports, ("both", "prefill", "decode")):
-            procs.append(start(["serve", args.model, "--port", str(port), "--role", role, *engine], log))
+            procs.append(start(["serve", args.model, "--port", str(port), "--role", role, *engine,
+                                *(["--handoff-timeout", str(args.handoff_timeout)] if role != "both" else [])], log))
         wait_up(urls[:3], procs)
         procs.append(start(["route", "--port", str(ports[3]), "--prefill", urls[1], "--decode", urls[2]], log))
         time.sleep(3)
