@@ -92,7 +92,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def workload(url: str, args, rng: random.Random) -> dict:
-    ids = lambda n: [rng.randrange(1000, 100_000) for _ in range(n)]  # noqa: E731
+    ids = lambda n: [rng.randrange(min(1000, args.vocab // 2), args.vocab) for _ in range(n)]  # noqa: E731
     async with httpx.AsyncClient(timeout=1800, trust_env=False) as client:
         shorts = [stream(client, url, args.model, ids(32), args.short_tokens, 0.0) for _ in range(args.short)]
         longs = [stream(client, url, args.model, ids(args.long_len), 1, 0.5 + i * args.long_gap)
@@ -114,7 +114,12 @@ def main() -> None:
     ap.add_argument("--long-len", type=int, default=1536)
     ap.add_argument("--long-gap", type=float, default=1.0)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--handoff-timeout", type=float, default=120.0,
+                    help="the workers' --handoff-timeout: on a loaded CPU box a prefill step can outlast the default 30 s")
+    ap.add_argument("--vocab", type=int, default=100_000, help="prompt token ids are drawn below this "
+                    "(2048 for the k3-tiny-random models)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # `timeout` or a kill: still stop the servers
     log = tempfile.mktemp(prefix="pd_interference-", suffix=".log")
     engine = ["--max-model-len", "4096", "--max-num-batched-tokens", str(args.max_num_batched_tokens),
               "--gpu-memory-utilization", "0.03", "--disable-log-stats"]
@@ -123,7 +128,8 @@ def main() -> None:
     procs = []
     try:
         for port, role in zip(ports, ("both", "prefill", "decode")):
-            procs.append(start(["serve", args.model, "--port", str(port), "--role", role, *engine], log))
+            procs.append(start(["serve", args.model, "--port", str(port), "--role", role, *engine,
+                                *(["--handoff-timeout", str(args.handoff_timeout)] if role != "both" else [])], log))
         wait_up(urls[:3], procs)
         procs.append(start(["route", "--port", str(ports[3]), "--prefill", urls[1], "--decode", urls[2]], log))
         time.sleep(3)

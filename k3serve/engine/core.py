@@ -101,6 +101,7 @@ class EngineCore:
         self.group = group  # the tp step channel when this core is rank 0 of several
         # data-parallel cores sharing the experts: one forward per iteration on every core (engine/dp_sync.py)
         self.dp_sync = group.dp_sync if group is not None else None
+        self.anyone_busy = False  # lockstep: whether the last reduction found work on any core (engine/dp_sync.py)
         self.engine = build_engine(spec, par, group, hash_key=key.hash_key if key else b"")
         eos = self.engine.eos_token_ids
         self.guide = GuidedDecoding(self.engine.vocab_size, eos[0] if eos else 0,
@@ -127,8 +128,6 @@ class EngineCore:
         if isinstance(msg, Wake):  # it only ended the wait for messages
             return []
         if isinstance(msg, AddRequest):
-            if msg.handoff is not None:
-                return self.pd.add(msg)
             if not self.guide.compiled(msg.grammar):  # a fresh grammar compiles aside; the batch keeps stepping
                 self.compiling[msg.request_id] = (msg, self.guide.compile_later(msg.grammar))
                 return []
@@ -143,9 +142,12 @@ class EngineCore:
     def _add(self, msg: AddRequest, template=None) -> list[Output]:
         try:
             proc = self.guide.processor(msg.grammar, dict(msg.logit_bias), msg.request_id, template)
-            self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params,
-                                    images=[image_input(d) for d in msg.images], logits_processor=proc,
-                                    prefill_only=self.pd.prefill_only)
+            images = [image_input(d) for d in msg.images]
+            if msg.handoff is not None:  # decode side: the caches (and the first token) come from a prefill worker
+                self.pd.add(msg, images, proc)
+            else:
+                self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params, images=images,
+                                        logits_processor=proc, prefill_only=self.pd.prefill_only)
         except (ValueError, TypeError) as e:  # refused: the client raises it for this request
             return [Output(msg.request_id, [], finished=True, error=str(e))]
         return []
@@ -165,6 +167,22 @@ class EngineCore:
                 continue
             out += self._add(msg, template)
         return out
+
+    def turn(self) -> list[Output]:
+        """One pass of the loop after the client's messages: admit compiled grammars, move hand-offs, step."""
+        outputs = self.admit_compiled() if self.compiling else []
+        outputs += self.pd.pump()
+        if self.dp_sync is not None:  # every core reduces once per iteration, and steps iff anyone has work
+            self.anyone_busy = self.dp_sync.any_work(self.engine.has_unfinished_requests())
+            if self.anyone_busy:
+                outputs += self.step()
+        elif self.engine.has_unfinished_requests():
+            outputs += self.step()
+        # after the step too: a prefill hand-off is fetchable from the step that sampled its token, and on the
+        # decode side a manifest that arrived during the step is imported here; its first token (for
+        # max_tokens=1 its only, finished, output) must reach the client, or that stream never ends
+        outputs += self.pd.pump()
+        return outputs
 
     def step(self) -> list[Output]:
         try:
@@ -238,9 +256,8 @@ def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
     engine = core.engine
     last_beat = 0.0
     stats_logger = StatsLogger(spec.log_stats_interval, _stats(engine, core.pd), time.monotonic())
-    anyone_busy = False  # lockstep: whether the last reduction found work on any core (engine/dp_sync.py)
     while True:
-        busy = engine.has_unfinished_requests() or anyone_busy
+        busy = engine.has_unfinished_requests() or core.anyone_busy
         outputs: list[Output] = []
         # while only grammars compile, wake often to admit them; never spin
         wait = 0 if busy else COMPILE_POLL_MS if core.compiling else int(HEARTBEAT_S * 1000)
@@ -254,16 +271,7 @@ def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
                 if isinstance(msg, Shutdown):
                     return 0
                 outputs += core.handle(msg)
-        if core.compiling:
-            outputs += core.admit_compiled()
-        outputs += core.pd.pump()
-        if core.dp_sync is not None:  # every core reduces once per iteration, and steps iff anyone has work
-            anyone_busy = core.dp_sync.any_work(engine.has_unfinished_requests())
-            if anyone_busy:
-                outputs += core.step()
-        elif engine.has_unfinished_requests():
-            outputs += core.step()
-        core.pd.pump()  # a prefill hand-off is held (and fetchable) from the step that sampled its token
+        outputs += core.turn()
         if core.kv_events is not None:
             core.kv_events.pump()
         now = time.monotonic()

@@ -161,8 +161,8 @@ class LLMEngine:
         tower only); ``logits_processor`` edits this request's logits before each sampling step;
         ``prefill_only`` (prefill role) stops after the first token and holds the caches for ``engine/pd``."""
         self.validate_prompt(prompt_token_ids, params)
-        if prefill_only:
-            check_handoff_support(params, bool(images), logits_processor is not None)
+        if prefill_only and params.prompt_logprobs is not None:  # the hand-off does not carry them
+            raise ValueError("prompt_logprobs: not supported with prefill/decode disaggregation yet")
         if logits_processor is not None and not isinstance(logits_processor, LogitsProcessor):
             raise ValueError("logits_processor: must have prepare(output_token_ids) and apply(logits) methods")
         checked = check_images(images, prompt_token_ids, self.model_config)
@@ -236,16 +236,6 @@ class LLMEngine:
             logprobs=req.logprobs if req.params.logprobs is not None else None,
             prompt_logprobs=req.prompt_logprobs if req.wants_prompt_logprobs else None,
             num_cached_tokens=req.num_prefix_hit_tokens)
-
-
-def check_handoff_support(params: SamplingParams, has_images: bool, has_processor: bool) -> None:
-    """Refuse, in one line, what a prefill/decode hand-off does not carry yet (rather than answer wrongly)."""
-    if params.prompt_logprobs is not None:
-        raise ValueError("prompt_logprobs: not supported with prefill/decode disaggregation yet")
-    if has_images:
-        raise ValueError("images: not supported with prefill/decode disaggregation yet")
-    if has_processor:
-        raise ValueError("structured outputs and logit_bias: not supported with prefill/decode disaggregation yet")
 
 
 def record_prompt_logprobs(req: Request, start: int, chunk: list[dict[int, float]]) -> None:

@@ -5,9 +5,10 @@
 Per request (``/v1/completions``, ``/v1/chat/completions``; one prompt, one choice):
   1. the least-loaded prefill worker (``serve --role prefill``) gets the body as a non-streaming request; it
      runs the prompt to its first token, holds the caches and answers with ``kv_transfer_params``;
-  2. the least-loaded decode worker (``serve --role decode``) gets the original body plus those
-     ``kv_transfer_params``; it fetches the caches from the prefill worker (engine/pd), decodes, and its answer
-     (JSON or SSE) goes back to the client unchanged.
+  2. a decode worker (``serve --role decode``) chosen by load and by the prefix its cache holds
+     (``router/decode_choice.py``) gets the original body plus those ``kv_transfer_params``; it fetches the
+     caches from the prefill worker (engine/pd), decodes, and its answer (JSON or SSE) goes back to the client
+     unchanged.
 An error answer of either worker is passed back as it is; a worker that refuses the connection is skipped for
 this request. The prefill worker frees a hand-off nobody fetched after its ``--handoff-timeout``.
 """
@@ -26,11 +27,25 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from k3serve.core.errors import error_body
+from k3serve.router.decode_choice import DecodeChoice
 
 log = logging.getLogger("k3serve.router")
 _FORWARD_HEADERS = ("authorization", "x-api-key", "content-type")
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding"}
 PATHS = ("/v1/completions", "/v1/chat/completions")
+DEFAULT_DECODE_TOKENS = 256  # decode-KV estimate when a request sets no max_tokens
+
+
+def _token_prompt(path: str, body: dict) -> list[int] | None:
+    """The prompt's token ids when the body gives them (a token-id completion prompt), else None."""
+    p = body.get("prompt") if path == "/v1/completions" else None
+    ok = isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+    return p if ok else None
+
+
+def _max_tokens(body: dict) -> int:
+    n = body.get("max_completion_tokens", body.get("max_tokens"))
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else DEFAULT_DECODE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -61,11 +76,11 @@ class Workers:
         self.served = [0] * len(urls)
         self._turn = itertools.count()
 
-    def order(self) -> list[int]:
-        """Workers to try, least loaded first (ties rotate)."""
+    def order(self, first: int | None = None) -> list[int]:
+        """Workers to try: ``first``, then the rest least loaded first (ties rotate)."""
         t = next(self._turn)
         n = len(self.urls)
-        return sorted(range(n), key=lambda i: (self.active[i], (i - t) % n))
+        return sorted(range(n), key=lambda i: (i != first, self.active[i], (i - t) % n))
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
@@ -76,6 +91,8 @@ class DisaggProxy:
     def __init__(self, config: DisaggConfig):
         self.config = config
         self.prefill, self.decode = Workers(config.prefill), Workers(config.decode)
+        self.choice = DecodeChoice(len(config.decode))
+        self._ids = itertools.count()
         self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(config.request_timeout_s, connect=2.0),
                                         limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
 
@@ -107,9 +124,18 @@ class DisaggProxy:
             return _error(502, f"prefill worker {self.prefill.urls[w]} gave no kv_transfer_params "
                           "(is it running with --role prefill?)", "bad_prefill_worker")
         stream = bool(body.get("stream"))
-        resp = await self._post(self.decode, path, body | {"kv_transfer_params": kv}, headers, stream=stream)
+        rid = next(self._ids)
+        chosen = self.choice.pick(rid, _token_prompt(path, body), _max_tokens(body))
+        try:
+            resp = await self._post(self.decode, path, body | {"kv_transfer_params": kv}, headers, stream=stream,
+                                    first=chosen)
+        except BaseException:
+            self.choice.finished(rid)
+            raise
         if isinstance(resp, Response):
+            self.choice.finished(rid)
             return resp
+        self.choice.started(rid)
         w, r = resp
         out_headers = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_HEADERS}
         if not stream or r.status_code != 200:
@@ -118,13 +144,16 @@ class DisaggProxy:
             finally:
                 await r.aclose()
                 self.decode.active[w] -= 1
+                self.choice.finished(rid)
             return Response(content, r.status_code, headers=out_headers)
-        return StreamingResponse(self._relay(r, w), r.status_code, headers=out_headers)
+        return StreamingResponse(self._relay(r, w, rid), r.status_code, headers=out_headers)
 
-    async def _post(self, workers: Workers, path: str, body: dict, headers: dict[str, str], *, stream: bool):
-        """(worker, open response) from the first worker that takes the request, or an error response.
-        The worker's load counter is raised; the caller lowers it when the response is done."""
-        for w in workers.order():
+    async def _post(self, workers: Workers, path: str, body: dict, headers: dict[str, str], *, stream: bool,
+                    first: int | None = None):
+        """(worker, open response) from the first worker that takes the request (``first``, if given, is
+        tried first), or an error response. The worker's load counter is raised; the caller lowers it when
+        the response is done."""
+        for w in workers.order(first):
             workers.active[w] += 1
             try:
                 req = self.client.build_request("POST", workers.urls[w] + path, json=body, headers=headers)
@@ -143,7 +172,7 @@ class DisaggProxy:
             return w, r
         return _error(503, "no worker of that role could take the request", "no_worker")
 
-    async def _relay(self, r: httpx.Response, w: int) -> AsyncIterator[bytes]:
+    async def _relay(self, r: httpx.Response, w: int, rid: int) -> AsyncIterator[bytes]:
         try:
             async for chunk in r.aiter_raw():
                 yield chunk
@@ -153,6 +182,7 @@ class DisaggProxy:
         finally:
             await r.aclose()
             self.decode.active[w] -= 1
+            self.choice.finished(rid)
 
 
 def build_app(config: DisaggConfig) -> FastAPI:

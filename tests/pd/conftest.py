@@ -28,6 +28,12 @@ def tiny():
 
 
 @pytest.fixture(scope="session")
+def fullvocab():
+    """k3-tiny with the Kimi vocabulary: grammars (structured outputs) need its special ids."""
+    return get_model("k3-tiny-fullvocab-random")
+
+
+@pytest.fixture(scope="session")
 def default():
     """The shipped trained model (k3-default): real activations, not random ones."""
     return get_model("k3-default")
@@ -56,22 +62,23 @@ def drain(engine: LLMEngine, outs: dict | None = None) -> dict:
     return outs
 
 
-def colocated(engine: LLMEngine, rid: str, prompt: list[int], params) -> list:
-    engine.add_request(rid, prompt, params)
+def colocated(engine: LLMEngine, rid: str, prompt: list[int], params, **kw) -> list:
+    """``kw``: ``images``, ``logits_processor`` (as ``add_request`` takes them)."""
+    engine.add_request(rid, prompt, params, **kw)
     return drain(engine)[rid]
 
 
-def prefill(p: LLMEngine, rid: str, prompt: list[int], params):
-    p.add_request(rid, prompt, params, prefill_only=True)
+def prefill(p: LLMEngine, rid: str, prompt: list[int], params, **kw):
+    p.add_request(rid, prompt, params, prefill_only=True, **kw)
     out = drain(p)[rid]
     assert out[-1].finished and rid in p.scheduler.held
     return out
 
 
-def transfer(p: LLMEngine, d: LLMEngine, rid: str, prompt: list[int], params, tamper=None):
+def transfer(p: LLMEngine, d: LLMEngine, rid: str, prompt: list[int], params, tamper=None, **kw):
     """Reserve on d, export from p (skipping what d holds), optionally ``tamper(manifest, payloads)``, ack p,
-    import into d; returns (first output, manifest, payloads)."""
-    req = reserve(d, rid, prompt, params)
+    import into d; returns (first output, manifest, payloads). ``kw``: ``images``, ``logits_processor`` for d."""
+    req = reserve(d, rid, prompt, params, **kw)
     assert req is not None
     try:
         manifest, payloads = export(p, rid, held_hashes(req), d.blocks.block_size)
@@ -85,10 +92,22 @@ def transfer(p: LLMEngine, d: LLMEngine, rid: str, prompt: list[int], params, ta
     return first, manifest, payloads
 
 
-def disaggregated(p: LLMEngine, d: LLMEngine, rid: str, prompt: list[int], params) -> list:
-    prefill(p, rid, prompt, params)
-    first, _, _ = transfer(p, d, rid, prompt, params)
+def disaggregated(p: LLMEngine, d: LLMEngine, rid: str, prompt: list[int], params, *, images=(),
+                  processors=(None, None)) -> list:
+    """``processors``: the prefill side's and the decode side's logits processor (two fresh ones)."""
+    prefill(p, rid, prompt, params, images=images, logits_processor=processors[0])
+    first, _, _ = transfer(p, d, rid, prompt, params, images=tuple(images), logits_processor=processors[1])
     return drain(d, {rid: [first]})[rid]
+
+
+def same(a: list, b: list) -> None:
+    """Two runs' outputs: the same tokens, step by step, and top-k logprobs within 1e-5."""
+    assert a[-1].token_ids == b[-1].token_ids
+    assert [o.delta_token_ids for o in a] == [o.delta_token_ids for o in b]
+    la, lb = a[-1].logprobs or [], b[-1].logprobs or []
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        assert list(x) == list(y) and max(abs(x[k] - y[k]) for k in x) <= 1e-5
 
 
 def pools_full(e: LLMEngine) -> bool:
@@ -99,4 +118,5 @@ def pools_full(e: LLMEngine) -> bool:
 @pytest.fixture
 def pd():
     return SimpleNamespace(make_engine=make_engine, prompts=prompts, drain=drain, colocated=colocated,
-                           prefill=prefill, transfer=transfer, disaggregated=disaggregated, pools_full=pools_full)
+                           prefill=prefill, transfer=transfer, disaggregated=disaggregated, pools_full=pools_full,
+                           same=same)

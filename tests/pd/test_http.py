@@ -1,7 +1,8 @@
 """Prefill/decode end to end over HTTP: `k3serve serve --role prefill`, `--role decode` and a `both` server,
 with `k3serve route --prefill URL --decode URL` in front. Greedy tokens and top-20 logprobs through the router
 equal the `both` server's (JSON and SSE, chunked prefill, a decode-side prefix hit on the second turn); the
-prefill worker's pools are empty again afterwards; bad kv_transfer_params are a 400."""
+prefill worker's pools are empty again afterwards; bad kv_transfer_params are a 400. Two prefill and two decode
+workers (`serve --prefill-replicas 2 --decode-replicas 2`) answer concurrent requests like the `both` server."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -139,3 +141,50 @@ def test_bad_kv_transfer_params_are_400(servers):
     assert r.status_code == 400 and "one prompt per request" in r.json()["error"]["message"]
     r = httpx.post(servers["router"] + "/v1/completions", json=body | {"kv_transfer_params": {}}, timeout=60)
     assert r.status_code == 400
+
+
+@pytest.fixture(scope="module")
+def two_by_two(tmp_path_factory, servers):
+    """`serve --prefill-replicas 2 --decode-replicas 2`: four workers behind one prefill/decode router."""
+    log = (tmp_path_factory.mktemp("pd22") / "servers.log").open("wb")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _start(["serve", MODEL, "--port", str(port), "--prefill-replicas", "2", "--decode-replicas", "2",
+                   "--handoff-timeout", "5", *ENGINE], log)
+    try:
+        deadline = time.monotonic() + 600  # eight processes start; minutes on a loaded 2-core box
+        while True:
+            assert proc.poll() is None, "serve --prefill-replicas 2 --decode-replicas 2 exited"
+            try:
+                workers = httpx.get(url + "/router/workers", timeout=2).json()
+                if all(httpx.get(w["url"] + "/health", timeout=2).status_code == 200
+                       for role in ("prefill", "decode") for w in workers[role]):
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the 2+2 workers did not start"
+            time.sleep(0.5)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_two_prefill_two_decode_equal_one_server(two_by_two, servers):
+    prompts = [list(range(100 + 7 * i, 100 + 7 * i + 20 + 9 * i)) for i in range(4)]  # 20..47 tokens
+    with ThreadPoolExecutor(4) as pool:  # concurrent, so both workers of each role get requests
+        got = list(pool.map(lambda a: _completion(two_by_two, *a), [(p, i % 2 == 1) for i, p in enumerate(prompts)]))
+    for i, p in enumerate(prompts):
+        _same(got[i], _completion(servers["both"], p, i % 2 == 1))
+    workers = httpx.get(two_by_two + "/router/workers").json()
+    assert all(w["served_requests"] >= 1 for role in ("prefill", "decode") for w in workers[role]), workers
+    deadline = time.monotonic() + 10
+    for w in workers["prefill"]:
+        while _metric(w["url"], "k3serve:handoffs_held") or _metric(w["url"], "vllm:kv_cache_usage_perc"):
+            assert time.monotonic() < deadline, f"prefill worker {w['url']} still holds hand-offs"
+            time.sleep(0.5)

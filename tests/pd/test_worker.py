@@ -1,6 +1,7 @@
 """The prefill and decode sides as the engine-core loop drives them, over the real ZMQ/TCP transport in one
 process (a fake clock for the timeouts): a round trip acks and frees the prefill side; a flipped byte in
-transit fails the request; a decode side that never acks, or aborts mid-fetch, leaves both pools full."""
+transit fails the request; a decode side that never acks, or aborts mid-fetch, leaves both pools full; a
+manifest that lands while the decode core is in a step still reaches its client (the benchmark's stall)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import msgspec
 import pytest
 import zmq
 
+from k3serve.engine.core import EngineCore
+from k3serve.engine.core_spec import CoreSpec
+from k3serve.engine.messages import AddRequest, HandoffSource
 from k3serve.engine.pd.transport import Fetch, ZmqReceiver, ZmqSender
 from k3serve.engine.pd.worker import DecodeSide, PrefillSide
 from k3serve.engine.sampling_params import SamplingParams
@@ -115,3 +119,38 @@ def test_abort_while_fetching_frees_both_sides(sides, pd):
     assert pd.pools_full(dec.engine)
     _turn(pre, dec, lambda _: not pre.engine.scheduler.held)
     assert pd.pools_full(pre.engine)
+
+
+def test_a_manifest_arriving_during_a_step_reaches_the_client(tiny, pd, monkeypatch):
+    """The decode core pumps its hand-offs before and after each step. A manifest that arrives during the step
+    is imported by the second pump; its first token used to be dropped there, so a max_tokens=1 stream (whose
+    only output that is) never ended, and longer ones silently lost their first token."""
+    spec = CoreSpec("k3-tiny-random", "", "", role="decode", kv_cache_memory=16 * 2**20, max_model_len=256,
+                    max_num_seqs=4, max_num_batched_tokens=16, log_stats_interval=0)
+    core = EngineCore(spec)
+    sender = ZmqSender()
+    pre = PrefillSide(pd.make_engine(tiny), sender, timeout_s=5)
+    try:
+        prompt = pd.prompts(1, 40, 40, seed=15)[0]
+        one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+        pd.prefill(pre.engine, "r", prompt, one)
+        core.handle(AddRequest("busy", list(range(5, 30)), PARAMS))  # keeps the decode engine stepping
+        core.handle(AddRequest("d", prompt, one, handoff=HandoffSource(sender.address, "r")))
+        real_step = core.engine.step
+
+        def step_while_the_manifest_lands():  # the prefill side answers the fetch while this step runs
+            sockets = core.pd.sockets()
+            deadline = time.monotonic() + 30
+            while not any(s.poll(0) for s in sockets):
+                assert time.monotonic() < deadline, "the prefill side never answered the fetch"
+                pre.pump()
+                time.sleep(0.01)
+            return real_step()
+
+        monkeypatch.setattr(core.engine, "step", step_while_the_manifest_lands)
+        outs = [o for o in core.turn() if o.request_id == "d"]
+        assert len(outs) == 1 and outs[0].finished and outs[0].error is None and len(outs[0].token_ids) == 1
+        assert "d" not in core.engine.scheduler.requests and not core.engine.scheduler.held
+    finally:
+        sender.close()
+        core.pd.close()

@@ -6,12 +6,20 @@ Positions, not blocks, cross: MLA latents travel as ``[positions, D_latent]`` ga
 block table and are scattered into blocks the decode side allocated itself (its block ids, even its block
 size, may differ). KDA states are read from the slot's current cache row (``StateRows`` moves rows between
 steps, so the slot recorded at admission is resolved only now, in the engine's own thread).
+
+Images: the decode side gets the request's images too, never runs the vision tower (the latents of their
+positions arrive), but hashes them into its block keys exactly as the prefill side did, so its prefix-cache hit
+(and the positions it asks the sender to skip) never mixes up two images behind the same placeholder tokens.
+Structured outputs: the decode side's logits processor starts with nothing consumed; the first token (sampled
+under the grammar by the prefill side) is the first thing it consumes, as in a colocated run.
 """
 
 from __future__ import annotations
 
 import torch
 
+from k3serve.engine.logits_processor import LogitsProcessor
+from k3serve.engine.multimodal import ImageInput
 from k3serve.engine.pd.manifest import HandoffError, Manifest, fingerprint, tensor_item, verify
 from k3serve.engine.prefix_cache import update_block_hashes
 from k3serve.engine.request import Request, RequestStatus
@@ -36,6 +44,10 @@ def engine_fingerprint(engine) -> str:
         dtype = next(iter(engine.runner.model.parameters())).dtype
         fp = engine._pd_fingerprint = fingerprint(engine.model_config, dtype, cache_layout(engine))
     return fp
+
+
+def image_keys(images) -> list[str]:
+    return [f"{im.offset}:{im.length}:{im.hash.hex()}" for im in images]
 
 
 def _flat_positions(block_ids: list[int], block_size: int, start: int, end: int) -> torch.Tensor:
@@ -103,20 +115,22 @@ def export(engine, request_id: str, held_hashes: list[int], block_size: int) -> 
         add("generator", req.generator.get_state())
     first_lp = req.logprobs[0] if req.params.logprobs is not None and req.logprobs else None
     manifest = Manifest(request_id, engine_fingerprint(engine), list(req.prompt_token_ids), req.params,
-                        req.token_ids[n], first_lp, start, items, req.num_prefix_hit_tokens)
+                        req.token_ids[n], first_lp, start, items, req.num_prefix_hit_tokens, image_keys(req.images))
     return manifest, payloads
 
 
-def reserve(engine, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request | None:
+def reserve(engine, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
+            images: tuple[ImageInput, ...] = (), logits_processor: LogitsProcessor | None = None) -> Request | None:
     """Reserve a running slot and the blocks of the prompt for an import (the decode side's prefix-cache hit
     is acquired, the rest allocated); None when there is no room yet. The request is held until
-    ``import_manifest`` or ``engine.abort_request``. ``held_hashes(req)`` says what to ask the sender to skip."""
+    ``import_manifest`` or ``engine.abort_request``. ``held_hashes(req)`` says what to ask the sender to skip.
+    ``images`` (checked, ``check_images``) key the blocks; ``logits_processor`` runs from the second token."""
     engine.validate_prompt(prompt_token_ids, params)
     check = engine.scheduler
     if not check.has_room() or engine.states.num_running_free < 1:
         return None
     req = Request(request_id, list(prompt_token_ids), params, eos_token_ids=engine.eos_token_ids,
-                  max_model_len=engine.max_model_len)
+                  max_model_len=engine.max_model_len, images=tuple(images), logits_processor=logits_processor)
     n, bs = req.num_prompt_tokens, engine.blocks.block_size
     hit = []
     if check.cache.enabled:
@@ -146,6 +160,8 @@ def import_manifest(engine, req: Request, manifest: Manifest, payloads: list[byt
         raise HandoffError(f"hand-off {manifest.request_id}: its prompt differs from this request's")
     if manifest.params != req.params:
         raise HandoffError(f"hand-off {manifest.request_id}: its sampling parameters differ from this request's")
+    if manifest.images != image_keys(req.images):
+        raise HandoffError(f"hand-off {manifest.request_id}: its images differ from this request's")
     held = req.num_registered_blocks * bs
     if not 0 <= manifest.start <= held:
         raise HandoffError(f"hand-off {manifest.request_id}: sends positions from {manifest.start}, "

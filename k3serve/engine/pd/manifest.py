@@ -45,6 +45,7 @@ class Manifest(msgspec.Struct, frozen=True):
     start: int  # first position whose MLA latents are sent; [0, start) is the decode side's prefix hit
     items: list[Item]
     num_cached_tokens: int = 0  # prompt tokens the prefill side's prefix cache served (reported in usage)
+    images: list[str] = []  # "offset:length:content hash" of each image in the prompt (``handoff.image_keys``)
 
 
 def checksum(data: bytes | memoryview) -> str:

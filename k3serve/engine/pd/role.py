@@ -27,19 +27,13 @@ class PDRole:
     def prefill_only(self) -> bool:
         return self.prefill is not None
 
-    def add(self, msg: AddRequest) -> list[Output]:
-        """An AddRequest naming a hand-off source; refusals become an error Output."""
-        try:
-            if self.decode is None:
-                raise ValueError("handoff: this worker has role prefill and cannot import a hand-off")
-            if msg.grammar is not None or msg.logit_bias or msg.images:
-                raise ValueError("structured outputs, logit_bias and images: not supported with prefill/decode "
-                                 "disaggregation yet")
-            self.decode.add(msg.request_id, msg.prompt_token_ids, msg.params, msg.handoff.address,
-                            msg.handoff.request_id)
-        except ValueError as e:
-            return [Output(msg.request_id, [], finished=True, error=str(e))]
-        return []
+    def add(self, msg: AddRequest, images=(), logits_processor=None) -> None:
+        """Queue an AddRequest naming a hand-off source, with its images (``ImageInput``) and its fresh logits
+        processor (grammar, logit_bias); ValueError when it cannot be imported here."""
+        if self.decode is None:
+            raise ValueError("handoff: this worker has role prefill and cannot import a hand-off")
+        self.decode.add(msg.request_id, msg.prompt_token_ids, msg.params, msg.handoff.address,
+                        msg.handoff.request_id, images=images, logits_processor=logits_processor)
 
     def abort(self, request_id: str) -> None:
         if self.decode is not None:

@@ -17,8 +17,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from k3serve.engine.logits_processor import LogitsProcessor
+from k3serve.engine.multimodal import ImageInput, check_images
 from k3serve.engine.pd.handoff import export, held_hashes, import_manifest, reserve
 from k3serve.engine.pd.manifest import HandoffError, Manifest
 from k3serve.engine.pd.transport import Ack, Fetch, Receiver, Refusal, Sender
@@ -95,6 +97,8 @@ class _Pending:
     remote_id: str  # the request's id on the sender
     added: float
     fetched: float = 0.0
+    images: tuple[ImageInput, ...] = ()
+    processor: LogitsProcessor | None = field(default=None, repr=False)
 
 
 class DecodeSide:
@@ -109,11 +113,15 @@ class DecodeSide:
         return any(p.request_id == request_id for p in (*self.waiting, *self.fetching.values()))
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, address: str,
-            remote_id: str) -> None:
+            remote_id: str, *, images=(), logits_processor: LogitsProcessor | None = None) -> None:
+        """Queue an import. ``images``: the request's, as the prefill side got them (they key its blocks);
+        ``logits_processor``: its grammar / logit_bias, fresh (it consumes the hand-off's first token first)."""
         if request_id in self.engine.scheduler.requests or request_id in self:
             raise ValueError(f"request_id: {request_id!r} is already in the engine")
         self.engine.validate_prompt(prompt_token_ids, params)
-        self.waiting.append(_Pending(request_id, list(prompt_token_ids), params, address, remote_id, self.clock()))
+        checked = check_images(images, prompt_token_ids, self.engine.model_config)
+        self.waiting.append(_Pending(request_id, list(prompt_token_ids), params, address, remote_id, self.clock(),
+                                     images=checked, processor=logits_processor))
 
     def abort(self, request_id: str) -> None:
         self.waiting = deque(p for p in self.waiting if p.request_id != request_id)
@@ -129,7 +137,8 @@ class DecodeSide:
         out: list[tuple[str, object]] = []
         while self.waiting:
             p = self.waiting[0]
-            req = reserve(self.engine, p.request_id, p.prompt_token_ids, p.params)
+            req = reserve(self.engine, p.request_id, p.prompt_token_ids, p.params, images=p.images,
+                          logits_processor=p.processor)
             if req is None:
                 break
             self.waiting.popleft()
