@@ -18,6 +18,7 @@ class CoreSpec(msgspec.Struct, frozen=True):
     max_num_batched_tokens: int = 2048
     kv_cache_memory: float = 256 * 2**20
     enable_prefix_caching: bool = True
+    state_cache_interval: int = 0  # extra KDA snapshots every N prompt tokens (EngineConfig)
     device: str = "cpu"
     seed: int = 0
     kv_events_host: str | None = None  # publish KV cache events (engine/kv_events.py) on this host; None: off
@@ -87,6 +88,7 @@ def build_engine(spec: CoreSpec, par=None, group=None, hash_key: bytes = b""):
     torch.set_num_threads(rank_threads(spec))
     config = EngineConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                           kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
+                          state_cache_interval=spec.state_cache_interval,
                           max_model_len=spec.max_model_len, hash_key=hash_key, eplb_interval=spec.eplb_interval,
                           eplb_redundant_experts=spec.eplb_redundant_experts,
                           speculative_config=None if spec.speculative_config is None

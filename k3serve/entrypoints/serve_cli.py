@@ -110,6 +110,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--replicas", type=int, default=1,
                    help="start N replicas (each a server + engine on a free local port) behind a KV-aware "
                         "router on --host/--port")
+    r.add_argument("--router-policy", default="kv",
+                   help="with --replicas: the router's policy, as 'k3serve route --policy' (kv, round_robin, "
+                        "least_load, session)")
+    r.add_argument("--router-weight", type=float, default=None,
+                   help="with --replicas, kv policy: cost per prefill block relative to a decode block "
+                        "('k3serve route --weight')")
+    r.add_argument("--router-cache-weight", type=float, default=None,
+                   help="with --replicas, kv policy: cost per block newly written into a replica's cache "
+                        "('k3serve route --cache-weight')")
     pd = p.add_argument_group("prefill/decode disaggregation (put 'k3serve route --prefill URL --decode URL' in front)")
     pd.add_argument("--role", choices=["both", "prefill", "decode"], default="both",
                     help="both: whole requests; prefill: run each prompt to its first token and hold its caches for a "
@@ -140,6 +149,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--device", default="cpu", help="torch device of the engine")
     e.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
                    help="disable prefix caching")
+    e.add_argument("--state-cache-interval", type=int, default=0, metavar="TOKENS",
+                   help="prefix caching: also keep the KDA state every TOKENS prompt tokens (a multiple of the "
+                        "16-token block), so requests sharing only part of a prompt resume mid-prompt; 0, the "
+                        "default, keeps it at prompt ends only")
     e.add_argument("--seed", type=int, default=0, help="engine random seed")
     e.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
@@ -167,6 +180,10 @@ def server_config(args: argparse.Namespace):
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if not args.log_stats_interval > 0:
         raise ValueError(f"--log-stats-interval must be > 0 seconds, got {args.log_stats_interval}")
+    if args.replicas == 1 and (args.router_policy != "kv" or args.router_weight is not None
+                               or args.router_cache_weight is not None):
+        raise ValueError("--router-policy/--router-weight/--router-cache-weight need --replicas N > 1 (one "
+                         "server has no router)")
     keyed = args.kv_events and kv_events_secret(args) is not None  # before the (perhaps slow) model lookup
     from k3serve.models.registry import resolve_model_path
 
@@ -174,6 +191,7 @@ def server_config(args: argparse.Namespace):
     layout = check_engine_flags(args, path)
     engine = {**layout, "dtype": args.dtype, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "enable_prefix_caching": args.prefix_caching,
+              "state_cache_interval": args.state_cache_interval,
               "device": args.device, "seed": args.seed,
               "log_stats_interval": 0.0 if args.disable_log_stats else args.log_stats_interval,
               "speculative_config": args.speculative_config}
@@ -224,7 +242,7 @@ def check_engine_flags(args: argparse.Namespace, model_path: str) -> dict:
 
     try:
         EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                     max_model_len=args.max_model_len,
+                     max_model_len=args.max_model_len, state_cache_interval=args.state_cache_interval,
                      speculative_config=None if args.speculative_config is None
                      else SpeculativeConfig.parse(args.speculative_config))
         if args.device != "cpu":  # importing torch costs a second or two; cpu is always there
@@ -347,8 +365,24 @@ def _run_replicas(args: argparse.Namespace) -> int:
     secret = kv_auth.load_secret(args.kv_events_key_file) or kv_auth.new_secret()
     kv_auth.KVEventsKey.from_secret(secret)
     os.environ[KV_KEY_ENV] = secret
-    return serve_replicas(replica_argv(args), args.replicas, None, args.host, args.port, args.log_level,
-                          kv_events_secret=secret)
+    return serve_replicas(replica_argv(args), args.replicas, args.host, args.port, args.log_level,
+                          kv_events_secret=secret, router=router_options(args))
+
+
+def router_options(args: argparse.Namespace) -> dict:
+    """The ``RouterConfig`` fields that ``--router-*`` and ``--state-cache-interval`` set for --replicas (the
+    router models where the replicas keep KDA snapshots); checked here, in one line, before anything starts."""
+    from k3serve.engine.config import EngineConfig
+    from k3serve.router.proxy import RouterConfig
+
+    options = {"policy": args.router_policy,
+               "snapshot_interval_blocks": args.state_cache_interval // EngineConfig.block_size}
+    if args.router_weight is not None:
+        options["weight"] = args.router_weight
+    if args.router_cache_weight is not None:
+        options["cache_weight"] = args.router_cache_weight
+    RouterConfig(replicas=("http://127.0.0.1:1",), **options)  # raises the one-line error
+    return options
 
 
 def _run_disaggregated(args: argparse.Namespace) -> int:
@@ -375,7 +409,8 @@ def replica_argv(args: argparse.Namespace) -> list[str]:
     argv: list[str] = []
     for a in parser._actions:
         if a.dest in ("help", "host", "port", "replicas", "kv_events", "kv_events_host", "kv_events_key_file",
-                      "api_key", "prefill_replicas", "decode_replicas"):
+                      "api_key", "prefill_replicas", "decode_replicas", "router_policy", "router_weight",
+                      "router_cache_weight"):
             continue
         value = getattr(args, a.dest)
         if not a.option_strings:

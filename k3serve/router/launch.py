@@ -88,15 +88,16 @@ async def supervise(procs: list[subprocess.Popen], argvs: list[list[str]], ports
             procs[i] = start_replica(argvs[i], ports[i])
 
 
-def serve_replicas(serve_argv: list[str], replicas: int, config: RouterConfig | None, host: str, port: int,
-                   log_level: str = "warning", startup_timeout_s: float = 600.0,
-                   kv_events_secret: str | None = None) -> int:
+def serve_replicas(serve_argv: list[str], replicas: int, host: str, port: int, log_level: str = "warning",
+                   startup_timeout_s: float = 600.0, kv_events_secret: str | None = None,
+                   router: dict | None = None) -> int:
     """Start the replicas, wait until all are healthy, then run the router until it is stopped
     (exit code 0 after SIGTERM/SIGHUP, 130 after SIGINT). The replicas read ``kv_events_secret`` from
-    K3SERVE_KV_EVENTS_KEY in the environment they inherit; the router (``config`` None) is given it."""
+    K3SERVE_KV_EVENTS_KEY in the environment they inherit; the router is given it, and ``router``'s
+    ``RouterConfig`` fields (policy, weights, snapshot interval)."""
 
     def route(urls: list[str], beside) -> None:
-        cfg = RouterConfig(replicas=tuple(urls), kv_events_secret=kv_events_secret) if config is None else config
+        cfg = RouterConfig(replicas=tuple(urls), kv_events_secret=kv_events_secret, **(router or {}))
         print(f"k3serve: {replicas} replicas ({', '.join(urls)}) behind a {cfg.policy} router on "
               f"http://{host}:{port}", flush=True)
         serve(cfg, host, port, log_level, beside=beside)

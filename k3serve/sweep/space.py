@@ -9,8 +9,8 @@ is exactly what the sweep ran (tests/sweep parses it back through the serve CLI'
                       (the resume key in points.jsonl)
 
 "Chunk size" is ``max_num_batched_tokens`` here: the scheduler cuts prefills to the step's token budget.
-The KDA snapshot interval (``EngineConfig.state_cache_interval``) and the router's policy/weights are not
-``k3serve serve`` flags yet, so they are not sweepable from a launch command.
+The KDA snapshot interval is ``state_cache_interval``; the router's policy and weights (``router_*``) apply to
+``replicas`` > 1, the router that ``k3serve serve --replicas`` puts in front.
 """
 
 from __future__ import annotations
@@ -40,6 +40,34 @@ def _on_off(text: str) -> bool:
     if text.lower() in ("off", "false", "0", "no"):
         return False
     raise ValueError("expected on or off")
+
+
+def _interval(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("expected an integer") from None
+    if value < 0 or value % 16:
+        raise ValueError("must be a non-negative multiple of the 16-token block")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("expected a number") from None
+    if not value > 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def _policy(text: str) -> str:
+    from k3serve.router.policy import POLICIES
+
+    if text not in POLICIES:
+        raise ValueError(f"one of {', '.join(POLICIES)}")
+    return text
 
 
 def _speculative(text: str) -> str:
@@ -87,6 +115,14 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            "on | off (whole experts per tp rank)"),
     Option("replicas", _positive_int, _int_flag("--replicas", 1), "servers behind the KV-aware router"),
     Option("kv_cache_memory", str, lambda v: ["--kv-cache-memory", str(v)], "KV/state cache bytes, e.g. 512MiB"),
+    Option("state_cache_interval", _interval, _int_flag("--state-cache-interval", 0),
+           "extra KDA snapshots every N prompt tokens (0: prompt ends only)"),
+    Option("router_policy", _policy, lambda v: [] if v == "kv" else ["--router-policy", str(v)],
+           "the --replicas router's policy: kv | round_robin | least_load | session"),
+    Option("router_weight", _positive_float, lambda v: ["--router-weight", str(v)],
+           "kv router: cost per prefill block relative to a decode block"),
+    Option("router_cache_weight", _positive_float, lambda v: ["--router-cache-weight", str(v)],
+           "kv router: cost per block newly written into a replica's cache"),
 )}
 
 # serve's defaults first, so the default configuration is always a point of the default grid
@@ -157,6 +193,9 @@ def expand(models: Sequence[str], grid: dict[str, tuple[object, ...]]) -> list[P
         raise ValueError("--models: give at least one model")
     if len(set(models)) != len(models):
         raise ValueError("--models: a model is given twice")
+    routed = [n for n in grid if n.startswith("router_")]
+    if routed and not all(isinstance(r, int) and r > 1 for r in grid.get("replicas", (1,))):
+        raise ValueError(f"--grid {routed[0]}: the router options need --grid replicas=N with every N > 1")
     names = [n for n in OPTIONS if n in grid]
     combos = list(itertools.product(*(grid[n] for n in names)))
     return [Point(m, tuple(zip(names, c))) for m in models for c in combos]

@@ -123,18 +123,26 @@ def test_admit_follow_gap_resync_and_readmit(caplog):
 
 
 def test_replica_argv_keeps_only_changed_flags():
-    from k3serve.entrypoints.serve_cli import add_arguments, replica_argv
+    from k3serve.entrypoints.serve_cli import add_arguments, replica_argv, router_options
 
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["some-model", "--replicas", "3", "--port", "9000", "--max-num-seqs", "4", "--kv-events",
                          "--api-key", "secret", "--kv-events-host", "0.0.0.0", "--kv-events-key-file", "/k",
-                         "--no-enable-prefix-caching", "--served-model-name", "a", "b"])
+                         "--no-enable-prefix-caching", "--served-model-name", "a", "b", "--state-cache-interval", "32",
+                         "--router-policy", "least_load", "--router-weight", "1.5"])
+    # the router's flags stay with the router; the snapshot interval goes to the replicas and to the router
     assert replica_argv(args) == ["some-model", "--served-model-name", "a", "b", "--max-num-seqs", "4",
-                                  "--no-enable-prefix-caching"]
+                                  "--no-enable-prefix-caching", "--state-cache-interval", "32"]
+    assert router_options(args) == {"policy": "least_load", "snapshot_interval_blocks": 2, "weight": 1.5}
 
 
-@pytest.mark.parametrize("argv, needle", [(["--replicas", "0"], "--replicas")])
+@pytest.mark.parametrize("argv, needle", [
+    (["--replicas", "0"], "--replicas"),
+    (["--router-policy", "least_load"], "need --replicas N > 1"),
+    (["--replicas", "2", "--router-policy", "nope"], "--policy must be one of"),
+    (["--state-cache-interval", "24"], "--state-cache-interval 24: must be a non-negative multiple"),
+])
 def test_serve_replicas_bad_count(argv, needle, capsys):
     from k3serve.cli import main
 

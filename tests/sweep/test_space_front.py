@@ -40,12 +40,23 @@ def test_default_grid_holds_the_default_configuration():
     ("enable_prefix_caching=maybe", "expected on or off"),
     ("speculative=ngram", "bad value 'ngram'"),
     ("speculative=eagle:3", "unknown method"),
+    ("state_cache_interval=24", "multiple of the 16-token block"),
+    ("router_policy=random", "one of kv"),
+    ("router_weight=0", "must be > 0"),
 ])
 def test_bad_grid_items_are_one_clear_error(item, message):
     with pytest.raises(ValueError, match=message):
         parse_grid([item])
     with pytest.raises(ValueError, match="given twice"):
         parse_grid(["max_num_seqs=1", "max_num_seqs=2"])
+
+
+def test_router_options_need_replicas():
+    with pytest.raises(ValueError, match="router_policy: the router options need --grid replicas"):
+        expand(["k3-default"], parse_grid(["router_policy=kv,least_load"]))
+    with pytest.raises(ValueError, match="every N > 1"):
+        expand(["k3-default"], parse_grid(["router_weight=1.5", "replicas=1,2"]))
+    assert len(expand(["k3-default"], parse_grid(["router_policy=kv,least_load", "replicas=2"]))) == 2
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -78,6 +89,12 @@ def test_launch_commands_round_trip_through_the_serve_parser():
 
             spec = SpeculativeConfig.parse(args.speculative_config)
             assert (spec.method, spec.num_speculative_tokens) == ("ngram", 4)
+    grid = parse_grid(["state_cache_interval=0,32", "router_policy=kv,round_robin", "router_weight=1.5",
+                       "router_cache_weight=4", "replicas=2"])
+    for pt in expand(["k3-default"], grid):
+        args, s = parser.parse_args(shlex.split(pt.command())[2:]), dict(pt.settings)
+        assert (args.state_cache_interval, args.router_policy) == (s["state_cache_interval"], s["router_policy"])
+        assert (args.router_weight, args.router_cache_weight, args.replicas) == (1.5, 4.0, 2)
     # the default configuration is the bare command
     assert Point("k3-default", ()).command() == "k3serve serve k3-default"
 
