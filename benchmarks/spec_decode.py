@@ -148,12 +148,16 @@ def main() -> int:
     ap.add_argument("--head", default=None, help="eagle3: the head's directory (k3serve spec train --out)")
     ap.add_argument("--draft-model", default=None, help="draft_model: a model sharing k3-default's vocabulary")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens of the model drafters")
+    ap.add_argument("--max-running", type=int, default=None,
+                    help="the model drafters' max_running (speculation backs off above it; default: the engine's)")
     args = ap.parse_args()
+    extra = {} if args.max_running is None else {"max_running": args.max_running}
     if args.head:
-        CONFIGS["eagle3"] = json.dumps({"method": "eagle3", "model": args.head, "num_speculative_tokens": args.k})
+        CONFIGS["eagle3"] = json.dumps({"method": "eagle3", "model": args.head, "num_speculative_tokens": args.k,
+                                        **extra})
     if args.draft_model:
         CONFIGS["draft_model"] = json.dumps({"method": "draft_model", "model": args.draft_model,
-                                             "num_speculative_tokens": args.k})
+                                             "num_speculative_tokens": args.k, **extra})
     unknown = [c for c in args.configs.split(",") if c not in CONFIGS]
     if unknown:
         print(f"spec_decode: unknown config {unknown[0]!r} (known: {', '.join(CONFIGS)})", file=sys.stderr)

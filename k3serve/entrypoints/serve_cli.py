@@ -158,7 +158,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\'; methods: ngram (prompt lookup), '
                         'suffix (suffix matching over prompt + output); also "rollback" (slots | replay) and '
-                        '"max_running" (speculation backs off above this many running requests, default 32)')
+                        '"max_running" (speculation backs off above this many running requests, default 32; 4 for '
+                        'draft_model/eagle3)')
     parallel_cli.add_arguments(p)
 
 

@@ -9,7 +9,9 @@ Keys (vLLM's names where vLLM has one):
   prompt_lookup_max/min  n-gram lengths tried, longest first (ngram; suffix uses max as its match cap)
   rollback               "slots" (per-position state snapshots, the default) or "replay" (the reference:
                          checkpoint + replay of the accepted tokens through the decode step)
-  max_running            speculation backs off (k = 0) while more requests than this are running
+  max_running            speculation backs off (k = 0) while more requests than this are running; default 32
+                         for ngram/suffix, 4 for the model drafters, which propose one request at a time (a
+                         batch of 32 then pays 32 x k head steps per step: RESULTS "eagle3 ... quiet box")
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, fields
 METHODS = ("ngram", "suffix", "draft_model", "eagle3")
 MODEL_METHODS = ("draft_model", "eagle3")  # the methods that load a model (``model`` names it)
 ROLLBACKS = ("slots", "replay")
+DEFAULT_MAX_RUNNING = {"ngram": 32, "suffix": 32, "draft_model": 4, "eagle3": 4}
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
     rollback: str = "slots"
-    max_running: int = 32
+    max_running: int | None = None  # None: the method's default (DEFAULT_MAX_RUNNING)
 
     def __post_init__(self) -> None:
         def check(cond: bool, msg: str) -> None:
@@ -38,6 +41,8 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config: {msg}")
 
         check(self.method in METHODS, f"unknown method {self.method!r} (choose from {', '.join(METHODS)})")
+        if self.max_running is None:
+            object.__setattr__(self, "max_running", DEFAULT_MAX_RUNNING[self.method])
         k = self.num_speculative_tokens
         check(isinstance(k, int) and not isinstance(k, bool) and k >= 0,
               f"num_speculative_tokens must be an integer >= 0, got {k!r}")
