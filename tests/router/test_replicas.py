@@ -123,7 +123,8 @@ def test_admit_follow_gap_resync_and_readmit(caplog):
 
 
 def test_replica_argv_keeps_only_changed_flags():
-    from k3serve.entrypoints.serve_cli import add_arguments, replica_argv, router_options
+    from k3serve.entrypoints.replicas_cli import replica_argv, router_options
+    from k3serve.entrypoints.serve_cli import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
