@@ -74,6 +74,7 @@ def test_the_core_ends_a_failed_request_with_an_error_and_drops_its_token():
     core.guide = GuidedDecoding(163840, 163586, enabled=False)
     core.guide._failures.append(("g", "the grammar allows no next token"))
     core.pd = SimpleNamespace(ticket=lambda rid: None, abort=lambda rid: None, prefill_only=False)  # colocated
+    core.group = core.dp_sync = None  # one process, no data-parallel lockstep
     out = {o.request_id: o for o in core.step()}
     assert aborted == ["g"]
     assert out["g"].finished and out["g"].token_ids == [] and "grammar" in out["g"].error
