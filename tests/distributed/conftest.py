@@ -82,9 +82,16 @@ def _config_name(model: str) -> str:
     return name.removesuffix("-random").split("+")[0]
 
 
+# sent again one at a time after the concurrent wave: the shared prefix alone (36 tokens: its KDA snapshot is
+# taken at 32, a block boundary), then shared + tail, which hits those 32 tokens (one snapshot slot: in the
+# concurrent wave other prompts may evict it first, so hits there depend on arrival timing)
+AGAIN = (4, 0)
+
+
 async def complete_all(http: httpx.AsyncClient, max_tokens: int = 8, top: int = 0, model: str = MODEL):
-    """Every prompt at once; each greedy completion's tokens (as the server's logprobs name them), or with
-    ``top`` > 0 each completion's logprobs object (tokens, token_logprobs, top_logprobs)."""
+    """Every prompt at once (preempting), then the AGAIN prompts one by one (hitting the prefix cache); each
+    greedy completion's tokens (as the server's logprobs name them), or with ``top`` > 0 each completion's
+    logprobs object (tokens, token_logprobs, top_logprobs). A prompt sent twice must get the same answer."""
     async def one(p):
         r = await http.post("/v1/completions", json={"model": model, "prompt": p, "max_tokens": max_tokens,
                                                       "temperature": 0, "ignore_eos": True, "logprobs": top})
@@ -92,7 +99,12 @@ async def complete_all(http: httpx.AsyncClient, max_tokens: int = 8, top: int = 
         lp = r.json()["choices"][0]["logprobs"]
         return lp if top else lp["tokens"]
 
-    return list(await asyncio.gather(*(one(p) for p in prompts())))
+    outs = list(await asyncio.gather(*(one(p) for p in prompts())))
+    for i in AGAIN:
+        outs.append(await one(prompts()[i]))
+    tokens = [o["tokens"] if top else o for o in outs]  # (a prefix hit may move logprobs in the last bits)
+    assert tokens[-len(AGAIN):] == [tokens[i] for i in AGAIN]
+    return outs
 
 
 @pytest.fixture(scope="module")

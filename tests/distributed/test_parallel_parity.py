@@ -20,7 +20,7 @@ import shutil
 import pytest
 import torch
 
-from tests.distributed.conftest import complete_all, prompts, serving
+from tests.distributed.conftest import complete_all, serving
 
 # each layout starts engine processes that load the model: ~15-20 s alone, minutes on a loaded 2-core box
 pytestmark = pytest.mark.slow
@@ -48,29 +48,12 @@ def models(tmp_path_factory):
     return {"kimi-linear": "kimi-linear-tiny-random", "k3-hot": str(hot)}
 
 
-# sent again one at a time after the concurrent wave: the shared prefix alone (36 tokens: its KDA snapshot is
-# taken at 32, a block boundary), then shared + tail, which hits those 32 tokens (one snapshot slot: in the
-# concurrent wave other prompts may evict it first, so hits there depend on arrival timing)
-AGAIN = (4, 0)
-
-
 def run_layout(model: str, **layout):
-    """Every prompt at once (preempting), then the AGAIN prompts one by one (hitting the prefix cache:
-    whether the concurrent wave hits depends on arrival timing); each completion's logprobs object."""
-    async def again(http):
-        out = []
-        for i in AGAIN:
-            r = await http.post("/v1/completions", json={"model": model, "prompt": prompts()[i], "max_tokens": 8,
-                                                          "temperature": 0, "ignore_eos": True, "logprobs": 5})
-            assert r.status_code == 200, r.text
-            out.append(r.json()["choices"][0]["logprobs"])
-        return out
-
+    """``complete_all`` through a server of this layout: each completion's logprobs object, the stats, and
+    each replica's stats."""
     async def run():
         async with serving(model=model, **layout) as (http, state):
             outs = await complete_all(http, top=5, model=model)
-            outs += await again(http)
-            assert [o["tokens"] for o in outs[-len(AGAIN):]] == [outs[i]["tokens"] for i in AGAIN]
             return outs, state.client.stats, [r.stats for r in getattr(state.client, "replicas", [state.client])]
 
     return asyncio.run(run())
