@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import time
 
 DEFAULT_MASTER_PORT = 29500
@@ -123,7 +121,7 @@ def run_ranks_only(config, node_rank: int) -> int:
     rank 0 stopped them, 1 when one failed: the others are stopped too); a torchrun rank > 0 is one itself."""
     import msgspec
 
-    from k3serve.core.process import Stopped, on_stop_signals
+    from k3serve.core.process import Stopped, on_stop_signals, stop_processes
     from k3serve.engine.core import CoreSpec
     from k3serve.engine.ranks import host_ranks, spawn_workers
     from k3serve.engine.worker import run_worker
@@ -144,13 +142,5 @@ def run_ranks_only(config, node_rank: int) -> int:
     except Stopped:
         pass
     failed = any(p.poll() not in (None, 0) for p in procs)
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    stop_processes(procs)
     return 1 if failed else 0

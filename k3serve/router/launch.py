@@ -25,7 +25,7 @@ import time
 
 import httpx
 
-from k3serve.core.process import Stopped, child_env, free_port, on_stop_signals
+from k3serve.core.process import Stopped, child_env, free_port, on_stop_signals, stop_processes
 from k3serve.router.proxy import RouterConfig, serve
 
 log = logging.getLogger("k3serve.router")
@@ -53,19 +53,6 @@ def wait_healthy(procs: list[subprocess.Popen], urls: list[str], timeout_s: floa
         if pending and time.monotonic() > deadline:
             raise RuntimeError(f"replicas not healthy after {timeout_s:.0f} s: {', '.join(pending)}")
         time.sleep(0.3)
-
-
-def stop_replicas(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)  # graceful: the replica also stops its engine process
-    deadline = time.monotonic() + 15
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 async def supervise(procs: list[subprocess.Popen], argvs: list[list[str]], ports: list[int],
@@ -138,5 +125,5 @@ def _launch(argvs: list[list[str]], route, startup_timeout_s: float) -> int:
             return 130 if e.signum == signal.SIGINT else 0
         finally:
             with on_stop_signals(lambda _s: None):  # a second signal must not cut the clean-up short
-                stop_replicas(procs)
+                stop_processes(procs, 15)  # graceful: a replica also stops its engine process
     return 0
