@@ -41,14 +41,17 @@ class CoreSpec(msgspec.Struct, frozen=True):
     # > 1 only when the experts span the replicas: one world of tp * dp ranks, engine cores in lockstep
     # (engine/dp_sync.py); plain data parallelism keeps 1 (each replica its own world)
     data_parallel_size: int = 1
+    tp_reduce: str = "fast"  # "ordered": tp partials added in rank order (core.distributed reduction modes)
+    tp_pieces: int = 1  # > 1: tp dimensions computed in this many pieces (one process reproduces -tp N exactly)
 
     def layout(self):
         from k3serve.core.distributed import ParallelLayout
 
         tp, dp = self.tensor_parallel_size, self.data_parallel_size
+        reduce = {"reduce_mode": self.tp_reduce, "pieces": self.tp_pieces}
         if dp > 1:
-            return ParallelLayout(tp=tp, ep=tp * dp, dp=dp)
-        return ParallelLayout(tp=tp, ep=tp if self.expert_parallel else 1)
+            return ParallelLayout(tp=tp, ep=tp * dp, dp=dp, **reduce)
+        return ParallelLayout(tp=tp, ep=tp if self.expert_parallel else 1, **reduce)
 
     def rank_device(self, rank: int) -> str:
         """``cuda`` becomes this rank's GPU: replica ``dp_rank`` uses the host's GPUs after the earlier ones'."""
@@ -78,7 +81,7 @@ def build_engine(spec: CoreSpec, par=None, group=None, hash_key: bytes = b""):
     the keyed KV events' block hash key, matters only on rank 0, whose scheduler keeps the prefix cache)."""
     import torch
 
-    from k3serve.core.distributed import SINGLE
+    from k3serve.core.distributed import SINGLE, Parallel
     from k3serve.engine.config import EngineConfig
     from k3serve.engine.engine import LLMEngine
     from k3serve.engine.llm import parse_dtype
@@ -93,7 +96,8 @@ def build_engine(spec: CoreSpec, par=None, group=None, hash_key: bytes = b""):
                           eplb_redundant_experts=spec.eplb_redundant_experts,
                           speculative_config=None if spec.speculative_config is None
                           else SpeculativeConfig.parse(spec.speculative_config))
-    par = par or SINGLE
+    # one process runs SINGLE unless it is asked to compute in pieces (the arithmetic of -tp N)
+    par = par or (Parallel(spec.layout()) if spec.tp_pieces > 1 else SINGLE)
     device = spec.rank_device(par.rank)
     if device.startswith("cuda:"):
         torch.cuda.set_device(torch.device(device))

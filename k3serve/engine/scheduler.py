@@ -7,8 +7,8 @@ recently arrived running request is preempted by recompute (its blocks and slot 
 kept and re-fed later). Waiting requests are admitted in FCFS order while a running slot and the blocks of
 their first chunk are available (admission by memory), after a prefix-cache match.
 
-With prefix caching on, prefill chunks end on snapshot positions (the block-aligned end of the prompt and
-every ``state_cache_interval`` tokens) so that the KDA state after the chunk is exactly the state at that
+With prefix caching on, prefill chunks end on snapshot positions (the block-aligned end of the prompt, the
+boundary before it when the prompt ends on one, and every ``state_cache_interval`` tokens) so that the KDA state after the chunk is exactly the state at that
 position; decoding requests keep one pending snapshot at their latest block boundary, published when they
 leave (the state a follow-up turn of the conversation resumes from).
 
@@ -198,7 +198,10 @@ class Scheduler:
         c, target = req.num_computed_tokens, req.prefill_target
         if not self.cache.enabled or c >= target:
             return None
-        points = [target // self.block_size * self.block_size]
+        # the block-aligned end serves longer prompts that extend this one; when the prompt itself ends on a
+        # boundary, an exact repeat can use only up to target - 1 (a hit leaves one token to sample from), so
+        # the boundary before it is a checkpoint too
+        points = [target // self.block_size * self.block_size, (target - 1) // self.block_size * self.block_size]
         if self.interval:
             points.append((c // self.interval + 1) * self.interval)
         points = [p for p in points if p > c]

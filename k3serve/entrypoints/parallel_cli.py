@@ -35,6 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     par.add_argument("--eplb-redundant-experts", type=int, default=0,
                      help="extra expert slots per MoE layer that EPLB fills with replicas of the hottest experts "
                           "(experts + this must divide evenly over the tp ranks)")
+    par.add_argument("--tp-reduce", choices=("fast", "ordered"), default="fast",
+                     help="how tensor-parallel partial sums are added: fast (the collective backend's order: TP-N "
+                          "differs from one process in the last bits) or ordered (gathered and added in rank "
+                          "order: TP-N is bit for bit a one-process run with --tp-pieces N; slower)")
+    par.add_argument("--tp-pieces", type=int, default=1,
+                     help="split every tensor-parallel dimension into N pieces even in one process and add their "
+                          "partials in order, the arithmetic of -tp N: with --tp-reduce ordered one process "
+                          "reproduces a -tp N server's logits bit for bit (a debugging aid; 1 or a multiple of "
+                          "-tp)")
     par.add_argument("--nnodes", type=int, default=1, help="hosts the tp ranks span (tp / nnodes ranks each)")
     par.add_argument("--node-rank", type=int, default=0,
                      help="this host's index; hosts other than 0 run their ranks only (no HTTP)")
@@ -106,13 +115,17 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
         raise ValueError(f"--eplb-redundant-experts {redundant}: {experts} experts + {redundant} cannot be split "
                          f"evenly over {tp} ranks")
     # the model's own check (heads, KDA heads, vocabulary, MLP and MoE widths or experts), before any rank starts
-    layout = (ParallelLayout(tp=tp, ep=tp * dp, dp=dp) if lockstep else
-              ParallelLayout(tp=tp, ep=tp if args.enable_expert_parallel else 1))
+    if args.tp_pieces < 1 or args.tp_pieces % tp:
+        raise ValueError(f"--tp-pieces {args.tp_pieces}: must be 1 or a multiple of --tensor-parallel-size {tp}")
+    reduce = {"reduce_mode": args.tp_reduce, "pieces": args.tp_pieces}
+    layout = (ParallelLayout(tp=tp, ep=tp * dp, dp=dp, **reduce) if lockstep else
+              ParallelLayout(tp=tp, ep=tp if args.enable_expert_parallel else 1, **reduce))
     check_layout(model_config, Parallel(layout))
     port = args.master_port or (DEFAULT_MASTER_PORT if nnodes > 1 else None)
     fields = {"tensor_parallel_size": tp, "expert_parallel": args.enable_expert_parallel, "nnodes": nnodes,
               "eplb_interval": eplb, "eplb_redundant_experts": redundant,
-              "master_addr": args.master_addr or "127.0.0.1", "master_port": port}
+              "master_addr": args.master_addr or "127.0.0.1", "master_port": port,
+              "tp_reduce": args.tp_reduce, "tp_pieces": args.tp_pieces}
     return fields | ({"data_parallel_size": dp} if lockstep else {})
 
 

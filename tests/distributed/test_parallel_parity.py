@@ -8,8 +8,9 @@ and top-5 logprobs within 1e-5 (gloo, 2 and 4 processes):
   in the run (asserted): tp2 + ep2, tp4 + ep4, and two such tp2 + ep2 replicas (dp2).
 
 Logprobs are compared within 1e-5, not bit for bit: the server's layouts sum their all-reduces in gloo's order
-("fast" mode); the ordered, bit-exact mode is tested at model level (test_tp_model.py). Each layout is one
-server; the single-process reference of each model is computed once.
+("fast" mode, the default). With ``--tp-reduce ordered`` a tp2 server's logprobs equal bit for bit those of one
+process computing the same two pieces (``--tp-pieces 2``), checked last. Each layout is one server; the
+single-process reference of each model is computed once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import shutil
 import pytest
 import torch
 
-from tests.distributed.conftest import complete_all, serving
+from tests.distributed.conftest import complete_all, prompts, serving
 
 # each layout starts engine processes that load the model: ~15-20 s alone, minutes on a loaded 2-core box
 pytestmark = pytest.mark.slow
@@ -103,3 +104,24 @@ def test_layout_matches_one_process_tokens_and_logprobs(models, references, name
         assert stats.num_preemptions > 0 and stats.num_prefix_hit_tokens > 0, stats
     if "eplb_interval" in layout:  # the hot experts were replicated while these requests ran
         assert all(r.num_expert_replicas > 0 for r in replica_stats), replica_stats
+
+
+def test_ordered_reduce_is_bit_exact_through_http():
+    """tp2 with ``--tp-reduce ordered`` against one process with ``--tp-pieces 2``: the same tokens and every
+    logprob equal as floats. Requests go one at a time, so both servers run the same batches (a batch's make-up
+    changes the GEMM shapes, and with them the last bits); the repeats hit the prefix cache."""
+    async def run(**layout):
+        async with serving(tp_reduce="ordered", **layout) as (http, state):
+            outs = []
+            for p in prompts() + [prompts()[4], prompts()[0]]:
+                r = await http.post("/v1/completions", json={"model": "k3-tiny-random", "prompt": p,
+                                                              "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                                              "logprobs": 5})
+                assert r.status_code == 200, r.text
+                outs.append(r.json()["choices"][0]["logprobs"])
+            return outs, state.client.stats
+
+    tp2, tp2_stats = asyncio.run(run(tp=2))
+    pieces, pieces_stats = asyncio.run(run(tp_pieces=2))
+    assert tp2_stats.num_prefix_hit_tokens > 0 and pieces_stats.num_prefix_hit_tokens > 0
+    assert tp2 == pieces

@@ -42,3 +42,20 @@ def test_hits_with_an_unaligned_history_recompute_less_than_a_block(tiny, eh):
     # a prompt sharing only the first 100 tokens hits the interval snapshot at 96
     engine.add_request("c", history[:100] + [1, 2, 3], greedy)
     assert eh.drain(engine)["c"].num_cached_tokens == 96
+
+
+def test_an_exact_repeat_of_a_block_aligned_prompt_hits(tiny, eh):
+    # a hit leaves one token to compute, so a 48-token prompt asked again can use at most 32 cached tokens: the
+    # snapshot at the prompt's end (48) cannot serve it, the one at the boundary before it (32) does
+    engine = eh.make_engine(tiny, block_size=BS)
+    greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    prompt = eh.random_prompts(1, 48, 48, seed=11)[0]
+    engine.add_request("a", prompt, greedy)
+    first = eh.drain(engine)["a"]
+    engine.add_request("b", prompt, greedy)
+    again = eh.drain(engine)["b"]
+    assert again.num_cached_tokens == 32
+    assert again.token_ids == first.token_ids
+    # and a follow-up extending it still resumes from the snapshot at 48
+    engine.add_request("c", prompt + [3, 4], greedy)
+    assert eh.drain(engine)["c"].num_cached_tokens == 48

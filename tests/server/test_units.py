@@ -119,6 +119,7 @@ def test_cli_help_and_unsupported_flags(capsys):
                        (["-tp", "2", "--nnodes", "2", "--master-addr", "h", "-dp", "2"], "not supported yet"),
                        (["-tp", "2", "--nnodes", "2", "--master-addr", "h", "--node-rank", "2"], "--node-rank 2"),
                        (["-tp", "2", "--eplb-interval", "8"], "need --enable-expert-parallel"),
+                       (["-tp", "2", "--tp-pieces", "3"], "--tp-pieces 3: must be 1 or a multiple"),
                        (["-tp", "2", "--enable-expert-parallel", "--eplb-redundant-experts", "2"],
                         "needs --eplb-interval"),
                        (["-tp", "2", "--enable-expert-parallel", "--eplb-interval", "8", "--eplb-redundant-experts",
