@@ -42,8 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     par.add_argument("--tp-pieces", type=int, default=1,
                      help="split every tensor-parallel dimension into N pieces even in one process and add their "
                           "partials in order, the arithmetic of -tp N: with --tp-reduce ordered one process "
-                          "reproduces a -tp N server's logits bit for bit (a debugging aid; 1 or a multiple of "
-                          "-tp)")
+                          "reproduces a -tp N server's logits bit for bit, given the same threads per process "
+                          "(OMP_NUM_THREADS) and the same batches (a debugging aid; 1 or a multiple of -tp)")
     par.add_argument("--nnodes", type=int, default=1, help="hosts the tp ranks span (tp / nnodes ranks each)")
     par.add_argument("--node-rank", type=int, default=0,
                      help="this host's index; hosts other than 0 run their ranks only (no HTTP)")
@@ -115,7 +115,7 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
         raise ValueError(f"--eplb-redundant-experts {redundant}: {experts} experts + {redundant} cannot be split "
                          f"evenly over {tp} ranks")
     # the model's own check (heads, KDA heads, vocabulary, MLP and MoE widths or experts), before any rank starts
-    if args.tp_pieces < 1 or args.tp_pieces % tp:
+    if args.tp_pieces < 1 or args.tp_pieces > 1 and args.tp_pieces % tp:
         raise ValueError(f"--tp-pieces {args.tp_pieces}: must be 1 or a multiple of --tensor-parallel-size {tp}")
     reduce = {"reduce_mode": args.tp_reduce, "pieces": args.tp_pieces}
     layout = (ParallelLayout(tp=tp, ep=tp * dp, dp=dp, **reduce) if lockstep else
