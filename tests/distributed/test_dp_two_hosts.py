@@ -57,11 +57,15 @@ def kill(p: subprocess.Popen) -> None:
         p.wait(10)
 
 
-def dp_flags() -> list[str]:
-    return [MODEL, "-dp", "2", "--nnodes", "2", "--data-parallel-rpc-port", str(free_port()), "--max-model-len", "256"]
+def dp_flags(*extra: str) -> list[str]:
+    return [MODEL, "-dp", "2", "--nnodes", "2", "--data-parallel-rpc-port", str(free_port()), "--max-model-len", "256",
+            *extra]
 
 
-def test_two_hosts_equal_one_process_and_stop_with_host_0(tmp_path):
+# plain replicas; and the experts over both hosts' ranks (one world meeting at host 0, cores in lockstep)
+@pytest.mark.parametrize("extra", [(), ("--enable-expert-parallel", "--master-addr", "127.0.0.1")],
+                         ids=["plain", "ep-lockstep"])
+def test_two_hosts_equal_one_process_and_stop_with_host_0(tmp_path, extra):
     (tmp_path / "one").mkdir()
     one = Launch(MODEL, "--max-model-len", "256", tmp_path=tmp_path / "one")
     try:
@@ -69,7 +73,7 @@ def test_two_hosts_equal_one_process_and_stop_with_host_0(tmp_path):
         want = completions(one.port)
     finally:
         one.close()
-    flags = dp_flags()
+    flags = dp_flags(*extra, *(("--master-port", str(free_port())) if extra else ()))
     h1 = host1(flags, tmp_path)
     (tmp_path / "h0").mkdir()
     h0 = Launch(*flags, tmp_path=tmp_path / "h0")

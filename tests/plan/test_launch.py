@@ -33,13 +33,16 @@ def serve_args(command: str):
 @pytest.mark.parametrize("argv, needs", [
     (["--gpu", "H100"], ["--pipeline-parallel-size 4", "--nnodes 4"]),
     (["--gpu", "B300", "--context-length", "128k"], []),  # TP 4 x attention-DP 2, EP 8 on one node
-    (["--gpu", "H200", "--num-gpus", "16", "--context-length", "128k"], ["--data-parallel-size 2", "--nnodes 2"]),
+    # TP 8 x attention-DP 2, EP 16: one dp group per 8-GPU host (engine/dp_hosts.py)
+    (["--gpu", "H200", "--num-gpus", "16", "--tp", "8", "--pp", "1", "--attn-dp", "2", "--context-length", "128k"], []),
+    # the planner's own pick there has pipeline stages, which k3serve lacks
+    (["--gpu", "H200", "--num-gpus", "16", "--context-length", "128k"], ["--pipeline-parallel-size 2"]),
     (["--gpu", "H100", "--model", "k3-default"], []),
     (["--gpu", "H100", "--model", "k3-default", "--kv-cache-dtype", "fp8"], ["--kv-cache-dtype fp8"]),
 ])
 def test_printed_k3serve_command_is_accepted_by_serve(capsys, monkeypatch, argv, needs):
     out, text = plan(capsys, *argv)
-    args = serve_args(out["commands"]["k3serve"])
+    args = serve_args(out["commands"]["k3serve"].replace("$NODE_RANK", "0").replace("$HEAD_ADDR", "10.0.0.1"))
     # serve's own flag checks, short of resolving the model (an HF id here) and starting anything
     # (the model's packaged config stands in for its download; the planned GPU for this machine's)
     from k3serve.models.registry import packaged_config
@@ -53,6 +56,9 @@ def test_printed_k3serve_command_is_accepted_by_serve(capsys, monkeypatch, argv,
     assert config.engine["device"] == "cuda" and config.engine["max_num_seqs"] == -(-out["concurrency"] // dp)
     if "--data-parallel-size" in out["commands"]["k3serve"]:  # experts over all tp x dp ranks: one world
         assert config.data_parallel_size == dp and config.engine["data_parallel_size"] == dp
+    if "--nnodes" in out["commands"]["k3serve"] and dp > 1:  # one set of dp groups per host, tp inside a host
+        assert config.engine["dp_nnodes"] == out["nodes_per_replica"] and config.engine["nnodes"] == 1
+        assert config.engine["dp_address"] == "10.0.0.1"
     assert config.engine["max_model_len"] == out["context_length"]
     missing = out["k3serve_not_yet_supported"]
     assert all(n in missing for n in needs) and bool(missing) == bool(needs)
