@@ -50,6 +50,11 @@ def k3serve_not_yet_supported(s: LaunchSpec) -> tuple[str, ...]:
     return tuple(out)
 
 
+def k3serve_runs(s: LaunchSpec) -> bool:
+    """Whether ``k3serve serve`` runs this replica's layout today (the KV cache dtype aside)."""
+    return not _k3serve_parallel(s)[1]
+
+
 def _k3serve_parallel(s: LaunchSpec) -> tuple[list[str], list[str]]:
     """(flags k3serve serve honours, flags it cannot yet) for the replica's layout. k3serve splits one replica
     over tp ranks (experts over the same ranks with --enable-expert-parallel) across hosts, and attention-DP

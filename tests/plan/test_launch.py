@@ -153,3 +153,30 @@ def test_no_fit_says_which_memory_term_fails(capsys, argv, says):
     assert len(err.strip().splitlines()) == 1 and "minimum is" not in err, err
     for s in says:
         assert s in err, (s, err)
+
+
+def test_k3serve_today_on_16_h200_is_the_longest_context_tp8_dp2_holds(capsys, monkeypatch):
+    """At 1M tokens the plan's 16-H200 layout needs pipeline stages; the planner then prints the best layout
+    k3serve runs (TP 8 x attention-DP 2, one dp group per host) at the longest context it holds: that context
+    fits and 1,024 more tokens do not, and serve accepts the printed line on both hosts."""
+    out, text = plan(capsys, "--gpu", "H200", "--num-gpus", "16")
+    assert out["k3serve_not_yet_supported"] and out["layout"]["pp"] > 1
+    today = out["k3serve_today"]
+    assert today["layout"] == "tp8pp1dp2ep16" and today["reason"] == "longest" and today["max_concurrency"] >= 1
+    ctx = today["context_length"]
+    assert ctx % 1024 == 0 and f"the longest context one holds is {ctx:,} tokens" in text
+    forced = ("--gpu", "H200", "--num-gpus", "16", "--tp", "8", "--pp", "1", "--attn-dp", "2")
+    assert plan(capsys, *forced, "--context-length", str(ctx))[0]["max_concurrency"] >= 1
+    from k3serve.cli import main
+
+    assert main(["plan", *forced, "--context-length", str(ctx + 1024)]) != 0
+    assert "does not fit" in capsys.readouterr().err
+    from k3serve.models.registry import packaged_config
+
+    monkeypatch.setattr("k3serve.models.registry.resolve_model_path", lambda name, **kw: packaged_config("kimi-k3"))
+    monkeypatch.setattr("k3serve.engine.config.check_device", lambda device: None)
+    for node in (0, 1):
+        args = serve_args(today["command"].replace("$NODE_RANK", str(node)).replace("$HEAD_ADDR", "10.0.0.1"))
+        engine = serve_cli.server_config(args).engine
+        assert (engine["tensor_parallel_size"], engine["data_parallel_size"], engine["dp_nnodes"]) == (8, 2, 2)
+        assert engine["max_model_len"] == ctx and engine["dp_address"] == "10.0.0.1" and args.node_rank == node
