@@ -180,3 +180,13 @@ def test_k3serve_today_on_16_h200_is_the_longest_context_tp8_dp2_holds(capsys, m
         engine = serve_cli.server_config(args).engine
         assert (engine["tensor_parallel_size"], engine["data_parallel_size"], engine["dp_nnodes"]) == (8, 2, 2)
         assert engine["max_model_len"] == ctx and engine["dp_address"] == "10.0.0.1" and args.node_rank == node
+
+
+def test_readme_16_h200_line_is_the_planners(capsys):
+    """The README's two-host H200 command is what `k3serve plan --gpu H200 --num-gpus 16` prints today."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    out, _ = plan(capsys, "--gpu", "H200", "--num-gpus", "16")
+    assert out["k3serve_today"]["command"] in readme
+    assert f"up to\n{out['k3serve_today']['context_length']:,} tokens" in readme
