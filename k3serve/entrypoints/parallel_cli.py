@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "forward steps (0, the default: never)")
     par.add_argument("--eplb-redundant-experts", type=int, default=0,
                      help="extra expert slots per MoE layer that EPLB fills with replicas of the hottest experts "
-                          "(experts + this must divide evenly over the tp ranks)")
+                          "(experts + this must divide evenly over the expert-parallel ranks: tp, or tp x dp)")
     par.add_argument("--tp-reduce", choices=("fast", "ordered"), default="fast",
                      help="how tensor-parallel partial sums are added: fast (the collective backend's order: TP-N "
                           "differs from one process in the last bits) or ordered (gathered and added in rank "
@@ -122,18 +122,18 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
     eplb, redundant = args.eplb_interval, args.eplb_redundant_experts
     if eplb < 0 or redundant < 0:
         raise ValueError("--eplb-interval and --eplb-redundant-experts must be >= 0")
-    if (eplb or redundant) and not (args.enable_expert_parallel and tp > 1):
+    # EPLB moves experts over the expert-parallel ranks: a replica's tp ranks, or with the experts over the dp
+    # replicas all tp x dp ranks (every rank counts the same forwards, dummy steps included: engine/dp_sync.py)
+    ep_ranks = tp * dp if lockstep else tp
+    if (eplb or redundant) and not (args.enable_expert_parallel and ep_ranks > 1):
         raise ValueError("--eplb-interval/--eplb-redundant-experts need --enable-expert-parallel with "
-                         "--tensor-parallel-size > 1")
-    if (eplb or redundant) and lockstep:
-        raise ValueError("--eplb-interval/--eplb-redundant-experts with --data-parallel-size and "
-                         "--enable-expert-parallel: not supported yet (EPLB moves experts within the tp ranks)")
+                         "--tensor-parallel-size > 1 (or --data-parallel-size > 1)")
     if redundant and not eplb:
         raise ValueError("--eplb-redundant-experts needs --eplb-interval > 0 (the replicas are placed by EPLB)")
     experts = model_config.text.num_experts
-    if eplb and (experts + redundant) % tp:
+    if eplb and (experts + redundant) % ep_ranks:
         raise ValueError(f"--eplb-redundant-experts {redundant}: {experts} experts + {redundant} cannot be split "
-                         f"evenly over {tp} ranks")
+                         f"evenly over {ep_ranks} ranks")
     # the model's own check (heads, KDA heads, vocabulary, MLP and MoE widths or experts), before any rank starts
     if args.tp_pieces < 1 or args.tp_pieces > 1 and args.tp_pieces % tp:
         raise ValueError(f"--tp-pieces {args.tp_pieces}: must be 1 or a multiple of --tensor-parallel-size {tp}")

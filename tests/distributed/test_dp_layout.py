@@ -100,3 +100,21 @@ def test_remote_replica_that_never_connects_is_one_clear_error():
             await client.shutdown()
 
     asyncio.run(go())
+
+
+def test_eplb_over_data_parallel_splits_over_every_expert_rank():
+    """With the experts over tp x dp ranks, EPLB's slots divide over all of them (not the tp ranks alone)."""
+    from k3serve.core.config import ModelConfig
+    from k3serve.models.registry import packaged_config
+
+    cfg = ModelConfig.from_file(packaged_config("k3-tiny"))  # 64 experts
+    fields = parallel_cli.check_parallel(_args(data_parallel_size=2, tensor_parallel_size=2, enable_expert_parallel=True,
+                                               eplb_interval=3, eplb_redundant_experts=4), cfg)
+    assert (fields["eplb_interval"], fields["eplb_redundant_experts"], fields["data_parallel_size"]) == (3, 4, 2)
+    fields = parallel_cli.check_parallel(_args(data_parallel_size=2, enable_expert_parallel=True, eplb_interval=3), cfg)
+    assert fields["eplb_interval"] == 3  # tp 1: the two replicas' cores are the expert ranks
+    with pytest.raises(ValueError, match="64 experts \\+ 2 cannot be split evenly over 4 ranks"):
+        parallel_cli.check_parallel(_args(data_parallel_size=2, tensor_parallel_size=2, enable_expert_parallel=True,
+                                          eplb_interval=3, eplb_redundant_experts=2), cfg)
+    with pytest.raises(ValueError, match="need --enable-expert-parallel"):  # plain replicas of one rank each
+        parallel_cli.check_parallel(_args(data_parallel_size=2, eplb_interval=3), cfg)
