@@ -78,6 +78,11 @@ class DataParallelClient:
     async def _watch_replicas(self) -> None:
         await asyncio.wait([asyncio.create_task(r.gave_up.wait()) for r in self.replicas],
                            return_when=asyncio.FIRST_COMPLETED)
+        # the server exits now: every replica's requests fail at once, and new ones get 503 until it has gone
+        dead = next(r for r in self.replicas if r.gave_up.is_set())
+        why = f"data-parallel replica {self.replicas.index(dead)} is gone ({dead.dead_reason}): the server stops"
+        for r in self.replicas:
+            r._mark_dead(why)
         self.gave_up.set()
 
     async def shutdown(self) -> None:

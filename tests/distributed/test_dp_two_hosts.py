@@ -121,6 +121,10 @@ def test_host_1_dying_fails_its_requests_and_host_0_exits(tmp_path):
         # host 1's requests failed: 503 before the body, or an error event in a stream that already began
         assert failed and all(r[0] in (503, 200, "transport") for r in failed), results
         assert any(r[0] == 503 or "error" in r[1] for r in failed), results
+        # the server answers 503 a while (serve_cli.GONE_GRACE_S) before it exits, never a refused connection
+        r = httpx.post(url + "/v1/completions", timeout=30, json={"model": MODEL, "prompt": [5, 6], "max_tokens": 2})
+        assert r.status_code == 503, r.text
+        assert httpx.get(url + "/health", timeout=30).status_code == 503
         assert h0.proc.wait(60) == 1  # a remote replica is not restarted: the server gives up
         assert time.monotonic() - t0 < 60
     finally:
