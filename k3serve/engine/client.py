@@ -94,10 +94,17 @@ class EngineClient:
 
     # lifecycle ----------------------------------------------------------------------------------
 
-    async def start(self) -> Ready:
-        in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
+    def _addresses(self) -> tuple[str, str]:
+        """(requests, outputs) addresses this client binds and its engine core connects to."""
+        return f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
+
+    def _bind(self, in_addr: str, out_addr: str) -> None:
         self._push.bind(in_addr)
         self._pull.bind(out_addr)
+
+    async def start(self) -> Ready:
+        in_addr, out_addr = self._addresses()
+        self._bind(in_addr, out_addr)
         self._spec = CoreSpec(input_addr=in_addr, output_addr=out_addr, **self._spec_kwargs)
         self._spawn()
         deadline = time.monotonic() + self.startup_timeout_s

@@ -4,7 +4,8 @@
 
 It PULLs `AddRequest` / `AbortRequest` / `Shutdown` from its client (`engine/client.py`: the HTTP server,
 or a test) and PUSHes `Ready` once, then `Outputs` after every step (and a heartbeat `Outputs` with stats
-each second when idle). It exits when told to, and by itself when its parent is gone.
+each second when idle). It exits when told to, and by itself when its parent is gone (or, a replica on another
+host, when its client has been silent for ``client_timeout_s``: ``engine/dp_hosts.py``).
 """
 
 from __future__ import annotations
@@ -255,6 +256,7 @@ def serve(spec: CoreSpec) -> int:
 def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
     engine = core.engine
     last_beat = 0.0
+    last_heard = time.monotonic()  # from the client: a remote one (engine/dp_hosts.py) beats every second
     stats_logger = StatsLogger(spec.log_stats_interval, _stats(engine, core.pd), time.monotonic())
     while True:
         busy = engine.has_unfinished_requests() or core.anyone_busy
@@ -267,10 +269,14 @@ def _loop(spec: CoreSpec, core: EngineCore, pull, push, parent: int) -> int:
                     raw = pull.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                last_heard = time.monotonic()
                 msg = to_engine_decoder.decode(raw)
                 if isinstance(msg, Shutdown):
                     return 0
                 outputs += core.handle(msg)
+        if spec.client_timeout_s and time.monotonic() - last_heard > spec.client_timeout_s:
+            log.error("nothing from the client for %.0fs (its host is gone?): stopping", spec.client_timeout_s)
+            return 1
         outputs += core.turn()
         if core.kv_events is not None:
             core.kv_events.pump()

@@ -43,6 +43,12 @@ class CoreSpec(msgspec.Struct, frozen=True):
     data_parallel_size: int = 1
     tp_reduce: str = "fast"  # "ordered": tp partials added in rank order (core.distributed reduction modes)
     tp_pieces: int = 1  # > 1: tp dimensions computed in this many pieces (one process reproduces -tp N exactly)
+    # data parallel across hosts (engine/dp_hosts.py): dp_replicas over dp_nnodes hosts, tp within each host
+    dp_replicas: int = 1
+    dp_nnodes: int = 1
+    dp_address: str = "127.0.0.1"  # host 0's data-parallel RPC address (it listens there, the others connect)
+    dp_rpc_port: int = 29550
+    client_timeout_s: float = 0.0  # > 0: exit after this long without a message from the client (remote cores)
 
     def layout(self):
         from k3serve.core.distributed import ParallelLayout
@@ -59,7 +65,7 @@ class CoreSpec(msgspec.Struct, frozen=True):
             return self.device
         per_node = self.tensor_parallel_size // self.nnodes
         local = int(os.environ.get("LOCAL_RANK", rank % per_node))
-        return f"cuda:{self.dp_rank * per_node + local}"
+        return f"cuda:{self.dp_rank % self.local_replicas * per_node + local}"  # the replica's slot on its host
 
 
 def rank_threads(spec: CoreSpec, cores: int | None = None) -> int:

@@ -13,6 +13,10 @@ spread over all of them (``spec_kwargs["data_parallel_size"] > 1``, from ``-dp D
 the replicas are one world of tp * dp ranks meeting at one master port, and their cores step in lockstep
 (``engine/dp_sync.py``): handing a request to one replica wakes the others. Such a world cannot re-form around
 one restarted replica, so there a replica's death gives the whole server up (no restarts).
+
+Across hosts (``-dp D --nnodes N``, ``spec_kwargs["dp_nnodes"] = N``): replicas 0 .. D/N - 1 are this host's
+children, the others engine cores on hosts 1 .. N-1 reached over TCP (``engine/dp_hosts.py``); a remote replica
+is never restarted (its death gives the server up), and the lockstep above works the same over the hosts.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import msgspec
 
 from k3serve.core.process import free_port
 from k3serve.engine.client import EngineBusy, EngineClient, EngineDead
+from k3serve.engine.dp_hosts import DEFAULT_RPC_PORT, RemoteEngineClient, replicas_per_host, rpc_addrs
 from k3serve.engine.messages import Stats
 
 
@@ -39,12 +44,27 @@ class DataParallelClient:
                                  f"but {dp} replicas")
             spec_kwargs = {**spec_kwargs, "master_port": spec_kwargs.get("master_port") or free_port()}
             client_kwargs = {**client_kwargs, "max_restarts": 0}
-        self.replicas = [EngineClient({**spec_kwargs, "dp_rank": d, "local_replicas": dp},
-                                      max_queued_requests=max_queued_requests, **client_kwargs) for d in range(dp)]
+        self.replicas = [self._replica(spec_kwargs, d, dp, max_queued_requests=max_queued_requests, **client_kwargs)
+                         for d in range(dp)]
         self.gave_up = asyncio.Event()
         self._held: dict[asyncio.Task, int] = {}
         self._turn = itertools.count()
         self._watch: asyncio.Task | None = None
+
+    @staticmethod
+    def _replica(spec_kwargs: dict, d: int, dp: int, **kwargs) -> EngineClient:
+        """Replica ``d``'s client: an engine-core child of this process, or (``-dp D --nnodes N``, replicas past
+        host 0's D / N) one on another host, reached over TCP (``engine/dp_hosts.py``)."""
+        nnodes = spec_kwargs.get("dp_nnodes", 1)
+        if nnodes > 1 and spec_kwargs.get("dp_replicas") != dp:
+            raise ValueError(f"dp_replicas {spec_kwargs.get('dp_replicas')} in the engine spec, but {dp} replicas")
+        per_host = replicas_per_host(dp, nnodes)
+        spec = {**spec_kwargs, "dp_rank": d, "local_replicas": per_host}
+        if d < per_host:
+            return EngineClient(spec, **kwargs)
+        addrs = rpc_addrs(spec_kwargs.get("dp_address", "127.0.0.1"), spec_kwargs.get("dp_rpc_port", DEFAULT_RPC_PORT),
+                          d, per_host)
+        return RemoteEngineClient(spec, addrs, **kwargs)
 
     async def start(self):
         try:
@@ -58,6 +78,11 @@ class DataParallelClient:
     async def _watch_replicas(self) -> None:
         await asyncio.wait([asyncio.create_task(r.gave_up.wait()) for r in self.replicas],
                            return_when=asyncio.FIRST_COMPLETED)
+        # the server exits now: every replica's requests fail at once, and new ones get 503 until it has gone
+        dead = next(r for r in self.replicas if r.gave_up.is_set())
+        why = f"data-parallel replica {self.replicas.index(dead)} is gone ({dead.dead_reason}): the server stops"
+        for r in self.replicas:
+            r._mark_dead(why)
         self.gave_up.set()
 
     async def shutdown(self) -> None:

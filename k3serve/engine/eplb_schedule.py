@@ -4,7 +4,10 @@ the ep ranks), with ``redundant`` extra slots per layer replicating its hottest 
 weights (``layers/moe_ep.py``, ``layers/eplb.py``).
 
 Every tp rank executes the same steps in the same order (rank 0 broadcasts each one), so counting executed
-forwards puts every rank's re-placement at the same point between two steps, as the all_to_all needs.
+forwards puts every rank's re-placement at the same point between two steps, as the all_to_all needs. With the
+experts over several data-parallel replicas (``engine/dp_sync.py``) every core runs exactly one forward per
+lockstep iteration, its batch or a dummy step, and both are counted here: the whole world of tp x dp ranks
+re-places together (the dummy tokens' routes count in the load too, a few tokens against real batches).
 Outputs do not change: a token's expert is the same expert, whichever replica serves it.
 """
 

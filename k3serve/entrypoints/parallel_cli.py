@@ -3,7 +3,9 @@ the worker-only modes (a host with ``--node-rank K > 0``, or a torchrun rank oth
 
 One engine replica spans ``--tensor-parallel-size`` ranks, ``tp / nnodes`` per host; host 0 runs the HTTP
 server and rank 0 (which starts its host's other ranks); host K only starts its ranks and waits.
-``--data-parallel-size D`` runs D such replicas behind the one server (one host only for now); with
+``--data-parallel-size D`` runs D such replicas behind the one server; with ``--nnodes N`` as well, D / N
+replicas per host, each replica's tp ranks within its host (host 0 serves HTTP, host K runs its replicas'
+engine cores, which reach host 0 over TCP: engine/dp_hosts.py); with
 ``--enable-expert-parallel`` as well, the experts spread over all tp * dp ranks (attention data parallel, one
 world, the replicas' cores in lockstep: engine/dp_sync.py).
 """
@@ -15,6 +17,7 @@ import os
 import time
 
 DEFAULT_MASTER_PORT = 29500
+DEFAULT_RPC_PORT = 29550  # engine/dp_hosts.py (not imported here: the engine pulls in torch)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "forward steps (0, the default: never)")
     par.add_argument("--eplb-redundant-experts", type=int, default=0,
                      help="extra expert slots per MoE layer that EPLB fills with replicas of the hottest experts "
-                          "(experts + this must divide evenly over the tp ranks)")
+                          "(experts + this must divide evenly over the expert-parallel ranks: tp, or tp x dp)")
     par.add_argument("--tp-reduce", choices=("fast", "ordered"), default="fast",
                      help="how tensor-parallel partial sums are added: fast (the collective backend's order: TP-N "
                           "differs from one process in the last bits) or ordered (gathered and added in rank "
@@ -52,6 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     par.add_argument("--master-port", type=int, default=None,
                      help=f"port on host 0 where the ranks meet (default: a free port on one host, "
                           f"{DEFAULT_MASTER_PORT} across hosts)")
+    par.add_argument("--data-parallel-address", default=None,
+                     help="with --data-parallel-size D --nnodes N (D / N replicas per host, tensor parallel within "
+                          "each host): host 0's address for the replicas' RPC; host 0 listens there, the other "
+                          "hosts connect to it (default: --master-addr, else 127.0.0.1, which listens on this "
+                          "machine only; unauthenticated: use a private network)")
+    par.add_argument("--data-parallel-rpc-port", type=int, default=None,
+                     help="first of the ports host 0 listens on for the other hosts' replicas, two per remote "
+                          f"replica (default {DEFAULT_RPC_PORT})")
 
 
 def torchrun_rank() -> int | None:
@@ -74,12 +85,22 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
             raise ValueError(f"{flag} must be >= 1, got {v}")
     if not 0 <= args.node_rank < nnodes:
         raise ValueError(f"--node-rank {args.node_rank}: must be in 0..{nnodes - 1} (--nnodes {nnodes})")
-    if tp % nnodes:
+    dp_hosts = nnodes > 1 and dp > 1  # data parallel across hosts: D / N replicas per host, tp within a host
+    if dp_hosts and dp % nnodes:
+        raise ValueError(f"--data-parallel-size {dp} cannot be spread evenly over --nnodes {nnodes} (each host runs "
+                         "the same number of replicas, tensor parallel within the host)")
+    if not dp_hosts and tp % nnodes:
         raise ValueError(f"--tensor-parallel-size {tp} cannot be spread evenly over --nnodes {nnodes}")
-    if nnodes > 1 and dp > 1:
-        raise ValueError("--data-parallel-size with --nnodes > 1: not supported yet (run one server per host)")
-    if nnodes > 1 and args.master_addr is None:
+    lockstep = dp > 1 and args.enable_expert_parallel
+    if nnodes > 1 and args.master_addr is None and (lockstep or not dp_hosts):
         raise ValueError("--nnodes > 1 needs --master-addr (the address of host 0, where the ranks meet)")
+    rpc_port = args.data_parallel_rpc_port or DEFAULT_RPC_PORT
+    if (args.data_parallel_address is not None or args.data_parallel_rpc_port is not None) and not dp_hosts:
+        raise ValueError("--data-parallel-address/--data-parallel-rpc-port need --data-parallel-size D and "
+                         "--nnodes N > 1 (replicas on several hosts)")
+    if dp_hosts and not (0 < rpc_port and rpc_port + 2 * (dp - dp // nnodes) - 1 <= 65535):
+        raise ValueError(f"--data-parallel-rpc-port {rpc_port}: the ports {rpc_port}.."
+                         f"{rpc_port + 2 * (dp - dp // nnodes) - 1} must lie in 1..65535")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise ValueError(f"--master-port must be in 1..65535, got {args.master_port}")
     rank = torchrun_rank()
@@ -91,7 +112,6 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
     if getattr(args, "role", "both") != "both" and tp > 1:
         raise ValueError(f"--role {args.role} with --tensor-parallel-size {tp}: not supported yet (a hand-off "
                          "carries one rank's KDA heads)")
-    lockstep = dp > 1 and args.enable_expert_parallel
     if lockstep and getattr(args, "role", "both") != "both":
         raise ValueError(f"--role {args.role} with --data-parallel-size and --enable-expert-parallel: not "
                          "supported yet")
@@ -102,18 +122,18 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
     eplb, redundant = args.eplb_interval, args.eplb_redundant_experts
     if eplb < 0 or redundant < 0:
         raise ValueError("--eplb-interval and --eplb-redundant-experts must be >= 0")
-    if (eplb or redundant) and not (args.enable_expert_parallel and tp > 1):
+    # EPLB moves experts over the expert-parallel ranks: a replica's tp ranks, or with the experts over the dp
+    # replicas all tp x dp ranks (every rank counts the same forwards, dummy steps included: engine/dp_sync.py)
+    ep_ranks = tp * dp if lockstep else tp
+    if (eplb or redundant) and not (args.enable_expert_parallel and ep_ranks > 1):
         raise ValueError("--eplb-interval/--eplb-redundant-experts need --enable-expert-parallel with "
-                         "--tensor-parallel-size > 1")
-    if (eplb or redundant) and lockstep:
-        raise ValueError("--eplb-interval/--eplb-redundant-experts with --data-parallel-size and "
-                         "--enable-expert-parallel: not supported yet (EPLB moves experts within the tp ranks)")
+                         "--tensor-parallel-size > 1 (or --data-parallel-size > 1)")
     if redundant and not eplb:
         raise ValueError("--eplb-redundant-experts needs --eplb-interval > 0 (the replicas are placed by EPLB)")
     experts = model_config.text.num_experts
-    if eplb and (experts + redundant) % tp:
+    if eplb and (experts + redundant) % ep_ranks:
         raise ValueError(f"--eplb-redundant-experts {redundant}: {experts} experts + {redundant} cannot be split "
-                         f"evenly over {tp} ranks")
+                         f"evenly over {ep_ranks} ranks")
     # the model's own check (heads, KDA heads, vocabulary, MLP and MoE widths or experts), before any rank starts
     if args.tp_pieces < 1 or args.tp_pieces > 1 and args.tp_pieces % tp:
         raise ValueError(f"--tp-pieces {args.tp_pieces}: must be 1 or a multiple of --tensor-parallel-size {tp}")
@@ -121,11 +141,15 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
     layout = (ParallelLayout(tp=tp, ep=tp * dp, dp=dp, **reduce) if lockstep else
               ParallelLayout(tp=tp, ep=tp if args.enable_expert_parallel else 1, **reduce))
     check_layout(model_config, Parallel(layout))
-    port = args.master_port or (DEFAULT_MASTER_PORT if nnodes > 1 else None)
-    fields = {"tensor_parallel_size": tp, "expert_parallel": args.enable_expert_parallel, "nnodes": nnodes,
-              "eplb_interval": eplb, "eplb_redundant_experts": redundant,
+    # plain replicas across hosts are each a world of their own on one host: a free local port each
+    port = args.master_port or (DEFAULT_MASTER_PORT if nnodes > 1 and (lockstep or not dp_hosts) else None)
+    fields = {"tensor_parallel_size": tp, "expert_parallel": args.enable_expert_parallel,
+              "nnodes": 1 if dp_hosts else nnodes, "eplb_interval": eplb, "eplb_redundant_experts": redundant,
               "master_addr": args.master_addr or "127.0.0.1", "master_port": port,
               "tp_reduce": args.tp_reduce, "tp_pieces": args.tp_pieces}
+    if dp_hosts:
+        fields |= {"dp_replicas": dp, "dp_nnodes": nnodes, "dp_rpc_port": rpc_port,
+                   "dp_address": args.data_parallel_address or args.master_addr or "127.0.0.1"}
     return fields | ({"data_parallel_size": dp} if lockstep else {})
 
 
@@ -142,6 +166,10 @@ def run_ranks_only(config, node_rank: int) -> int:
     spec = CoreSpec(model=config.model, input_addr="", output_addr="", **config.engine)
     if torchrun_rank() is not None:
         return run_worker(spec)
+    if spec.dp_nnodes > 1:  # whole replicas on this host, reaching host 0's client over TCP
+        from k3serve.engine.dp_hosts import run_host_replicas
+
+        return run_host_replicas(spec, node_rank)
     node = node_rank
     procs = spawn_workers(msgspec.json.encode(spec).decode(), host_ranks(spec.tensor_parallel_size, spec.nnodes, node),
                           spec.tensor_parallel_size, spec.master_addr, spec.master_port)

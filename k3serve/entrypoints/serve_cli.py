@@ -26,6 +26,9 @@ from k3serve.entrypoints.generate_cli import DEFAULT_MODEL, add_download_argumen
 
 API_KEY_ENV = "K3SERVE_API_KEY"  # like vLLM's VLLM_API_KEY: a key on the command line is visible to `ps`
 ENGINE_GONE = -1  # in `stopped`: the engine died for good (not a signal)
+# after the engine died for good the server stays up this long answering 503 (issue 45: new requests get 503,
+# not a refused connection, and a load balancer sees /health fail) before it exits
+GONE_GRACE_S = 5.0
 
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
@@ -340,6 +343,7 @@ async def _serve(app, args: argparse.Namespace, sock: socket.socket, stopped: li
             async def exit_when_engine_gone() -> None:
                 await state.client.gave_up.wait()
                 stopped.append(ENGINE_GONE)
+                await asyncio.sleep(GONE_GRACE_S)
                 server.should_exit = True
 
             watcher = asyncio.create_task(exit_when_engine_gone())

@@ -2,8 +2,9 @@
 
 Multi-node replicas use shell placeholders (``$NODE_RANK``, ``$HEAD_ADDR``) so one line serves every node.
 The k3serve command holds only flags ``k3serve serve`` accepts and honours today (tensor parallel, experts over
-the same ranks, across hosts); what the replica needs beyond that (pipeline stages, data-parallel groups
-sharing experts, an FP8 KV cache) is listed apart by
+the same ranks, across hosts; attention-DP groups sharing the experts, on one host or one group set per host);
+what the replica needs beyond that (pipeline stages, a tp group spanning hosts beside data parallelism, an FP8
+KV cache) is listed apart by
 ``k3serve_not_yet_supported`` instead of being printed as a command that would refuse to start.
 Flag spellings follow vLLM's and SGLang's documented server arguments (docs.vllm.ai "Parallelism and
 Scaling", docs.sglang.io "Server Arguments"); re-check them against the pinned engine version.
@@ -49,23 +50,33 @@ def k3serve_not_yet_supported(s: LaunchSpec) -> tuple[str, ...]:
     return tuple(out)
 
 
+def k3serve_runs(s: LaunchSpec) -> bool:
+    """Whether ``k3serve serve`` runs this replica's layout today (the KV cache dtype aside)."""
+    return not _k3serve_parallel(s)[1]
+
+
 def _k3serve_parallel(s: LaunchSpec) -> tuple[list[str], list[str]]:
     """(flags k3serve serve honours, flags it cannot yet) for the replica's layout. k3serve splits one replica
     over tp ranks (experts over the same ranks with --enable-expert-parallel) across hosts, and attention-DP
-    groups with the experts over all tp x dp ranks on one host; pipeline stages and data-parallel groups
-    spanning hosts are not there yet."""
+    groups with the experts over all tp x dp ranks, on one host or the same number of whole groups on each host;
+    pipeline stages, and a tp group spanning hosts beside data parallelism, are not there yet."""
     lay, ok, no = s.layout, [], []
+    # attention-DP groups across hosts: each group's tp ranks inside one host, the same number of groups on each
+    dp_hosts = (s.nodes > 1 and lay.dp > 1 and lay.pp == 1 and lay.dp % s.nodes == 0
+                and lay.tp * (lay.dp // s.nodes) <= s.gpus_per_node)
     if lay.tp > 1:
         ok.append(f"--tensor-parallel-size {lay.tp}")
     if lay.pp > 1:
         no.append(f"--pipeline-parallel-size {lay.pp}")
     if lay.dp > 1:  # the plan's dp groups share experts (ep = tp x dp): k3serve's -dp D --enable-expert-parallel
-        (ok if s.nodes == 1 else no).append(f"--data-parallel-size {lay.dp}")
+        (ok if s.nodes == 1 or dp_hosts else no).append(f"--data-parallel-size {lay.dp}")
     if lay.ep > 1:
-        (ok if lay.dp == 1 or s.nodes == 1 else no).append("--enable-expert-parallel")
+        (ok if lay.dp == 1 or s.nodes == 1 or dp_hosts else no).append("--enable-expert-parallel")
     if s.nodes > 1:
-        (ok if lay.pp == 1 and lay.dp == 1 else no).extend(
+        (ok if lay.pp == 1 and (lay.dp == 1 or dp_hosts) else no).extend(
             [f"--nnodes {s.nodes}", "--node-rank $NODE_RANK", "--master-addr $HEAD_ADDR"])
+    if dp_hosts:  # host 0 serves HTTP and reaches the other hosts' engine cores there (engine/dp_hosts.py)
+        ok.append("--data-parallel-address $HEAD_ADDR")
     return ok, no
 
 

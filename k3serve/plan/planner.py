@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from k3serve.core.config import ModelConfig
 from k3serve.plan.gpus import GPU, NVL72_GPUS
-from k3serve.plan.launch import LaunchSpec, commands, k3serve_not_yet_supported
+from k3serve.plan.launch import LaunchSpec, commands, k3serve_command, k3serve_not_yet_supported, k3serve_runs
 from k3serve.plan.layout import Layout, StageMemory, activation_bytes, layout_problem, stage_memory
 from k3serve.plan.model_math import PRECISIONS, ParamSummary, components
 from k3serve.plan.roofline import DecodeEstimate, PrefillEstimate, decode, prefill
@@ -130,6 +130,8 @@ class Plan:
     alternatives: tuple[tuple[str, int, float], ...]  # (layout, max concurrency, decode tokens/s)
     warnings: tuple[str, ...] = ()
     k3serve_not_yet_supported: tuple[str, ...] = ()  # flags the replica needs that k3serve refuses today
+    # when k3serve cannot run the planned layout: the best one it runs, at this context or the longest that fits
+    k3serve_today: dict | None = None
 
 
 class Planner:
@@ -198,7 +200,45 @@ class Planner:
             alternatives=tuple((str(f.layout), f.max_concurrency, round(d.tokens_per_s, 1)) for f, d in ranked[:6]),
             warnings=warnings + self._layout_warnings(inp, best.layout, n),
             k3serve_not_yet_supported=k3serve_not_yet_supported(launch),
+            k3serve_today=None if k3serve_runs(launch) else self._k3serve_today(inp, n, conc),
         )
+
+    def _k3serve_today(self, inp: PlanInputs, n: int, concurrency: int) -> dict | None:
+        """The best layout of ``n`` GPUs ``k3serve serve`` runs today, with its command: at the asked context
+        if one fits (concurrency up to the plan's), else at the longest context one holds (a multiple of 1,024
+        tokens); None when no such layout holds even that. Same ranking as the plan's."""
+        gpu = inp.gpu
+
+        def spec(lay: Layout, context: int, conc: int) -> LaunchSpec:
+            return LaunchSpec(lay, gpu.gpus_per_node, context, conc, inp.gpu_memory_utilization,
+                              inp.kv_cache_dtype, inp.max_num_batched_tokens)
+
+        lays = [lay for lay in candidate_layouts(self.cfg, gpu, n) if k3serve_runs(spec(lay, 1, 1))]
+        context, reason = inp.context_length, "fits"
+        if not any(fit_layout(self.cfg, inp, lay).fits for lay in lays):
+            longest = max((self._longest_context(inp, lay) for lay in lays), default=0) // 1024 * 1024
+            if longest < 1024:
+                return None
+            context, reason = min(longest, inp.context_length), "longest"
+        at = PlanInputs(**{**inp.__dict__, "context_length": context, "layout": None, "concurrency": None})
+        fits = [f for f in (fit_layout(self.cfg, at, lay) for lay in lays) if f.fits]
+        scored = sorted(((f, self._decode(at, f, f.max_concurrency)) for f in fits),
+                        key=lambda fd: (-fd[0].max_concurrency, -fd[1].tokens_per_s))
+        best, dec = scored[0]
+        conc = min(concurrency, best.max_concurrency) if reason == "fits" else best.max_concurrency
+        return {"layout": str(best.layout), "context_length": context, "reason": reason,
+                "max_concurrency": best.max_concurrency, "decode_tokens_per_s": round(dec.tokens_per_s, 1),
+                "command": k3serve_command(spec(best.layout, context, conc), self.hf_model)}
+
+    def _longest_context(self, inp: PlanInputs, lay: Layout) -> int:
+        """The longest sequence one attention-DP group of ``lay`` holds (KV + KDA state of one sequence)."""
+        f = fit_layout(self.cfg, inp, lay)
+        out = []
+        for st in f.stages:
+            pool = inp.budget - st.weights - f.reserve_per_gpu - f.activations_per_gpu
+            room = pool - inp.state_slots * st.state_bytes_per_seq
+            out.append(int(room / st.kv_bytes_per_token) if st.kv_bytes_per_token else 1 << 62)
+        return max(0, min(out))
 
     def _why_not(self, inp: PlanInputs, n: int, minimum: int) -> str:
         """Which memory term fails for the closest layout of ``n`` GPUs, and what would fit instead."""

@@ -68,6 +68,7 @@ def plan_dict(p: Plan) -> dict[str, Any]:
         "prefill": asdict(p.prefill),
         "commands": p.commands,
         "k3serve_not_yet_supported": list(p.k3serve_not_yet_supported),
+        "k3serve_today": p.k3serve_today,
         "alternatives": [{"layout": n, "max_concurrency": c, "decode_tokens_per_s": d} for n, c, d in p.alternatives],
         "warnings": list(p.warnings),
     }
@@ -130,6 +131,7 @@ def plan_text(d: dict[str, Any]) -> list[str]:
         if k == "k3serve" and d["k3serve_not_yet_supported"]:
             out.append(f"      not yet supported by k3serve, needed by this {d['replica_gpus']}-GPU replica: "
                        f"{' '.join(d['k3serve_not_yet_supported'])}; until then use the vllm or sglang line")
+            out += _k3serve_today(d)
     out += [f"  warning: {w}" for w in d["warnings"]]
     return out
 
@@ -144,3 +146,17 @@ def summary_text(rows: dict[str, dict[str, Any]]) -> list[str]:
         out.append(f"  {gpu:7s} {r['min_gpus_per_replica']:4d} GPUs ({r['layout']}), {per}{rack}, "
                    f"max concurrency {r['max_concurrency']}")
     return out
+
+
+def _k3serve_today(d: dict[str, Any]) -> list[str]:
+    """The best layout k3serve runs today when the plan's needs more (planner ``_k3serve_today``)."""
+    t = d.get("k3serve_today")
+    if t is None:
+        return ["      k3serve today: no layout of these GPUs without pipeline stages holds even a short context"]
+    if t["reason"] == "fits":
+        head = f"{t['layout']} (max concurrency {t['max_concurrency']}, {t['decode_tokens_per_s']:,.0f} tok/s)"
+    else:
+        head = (f"no layout without pipeline stages holds {d['context_length']:,} tokens; the longest context one "
+                f"holds is {t['context_length']:,} tokens ({t['layout']}, max concurrency {t['max_concurrency']}, "
+                f"{t['decode_tokens_per_s']:,.0f} tok/s)")
+    return [f"      k3serve today: {head}:", f"        {t['command']}"]

@@ -5,7 +5,8 @@ and top-5 logprobs within 1e-5 (gloo, 2 and 4 processes):
 * kimi-linear-tiny (Kimi-Linear family: 16 experts, more than the ranks): tp2, tp2 + ep2, dp2, tp4 + ep4;
 * k3-tiny (64 experts) with hot experts: three experts' router biases raised so every token picks them, and
   EPLB re-placing the experts every few steps with one redundant slot per rank, which must replicate experts
-  in the run (asserted): tp2 + ep2, tp4 + ep4, and two such tp2 + ep2 replicas (dp2).
+  in the run (asserted): tp2 + ep2, tp4 + ep4, two such tp2 + ep2 replicas (dp2), and the experts over two
+  replicas' ranks (dp2 + ep2, tp2 + dp2 + ep4: EPLB over data parallel, cores in lockstep).
 
 Logprobs are compared within 1e-5, not bit for bit: the server's layouts sum their all-reduces in gloo's order
 ("fast" mode, the default). With ``--tp-reduce ordered`` a tp4 server's logprobs equal bit for bit those of one
@@ -93,9 +94,14 @@ EPLB = {"eplb_interval": 3}  # re-place every 3 forward steps, mid-request
     ("kimi-linear", {"tp": 4, "ep": True}),
     ("k3-hot", {"tp": 2, "ep": True, **EPLB, "eplb_redundant_experts": 2}),
     ("k3-hot", {"tp": 4, "ep": True, **EPLB, "eplb_redundant_experts": 4}),
-    # two replicas of their own (EPLB moves experts within a replica's tp ranks; not with experts over dp)
+    # two replicas of their own (EPLB moves experts within each replica's tp ranks)
     ("k3-hot", {"tp": 2, "ep": True, "dp": 2, "lockstep": False, **EPLB, "eplb_redundant_experts": 2}),
-], ids=["kl-tp2", "kl-tp2ep2", "kl-dp2", "kl-tp4ep4", "hot-tp2ep2-eplb", "hot-tp4ep4-eplb", "hot-tp2ep2dp2-eplb"])
+    # the experts over both replicas' ranks (one world, cores in lockstep): EPLB re-places them over all ranks,
+    # counting dummy steps too, so every rank moves its experts at the same point
+    ("k3-hot", {"dp": 2, "ep": True, **EPLB, "eplb_redundant_experts": 2}),
+    ("k3-hot", {"tp": 2, "dp": 2, "ep": True, **EPLB, "eplb_redundant_experts": 4}),
+], ids=["kl-tp2", "kl-tp2ep2", "kl-dp2", "kl-tp4ep4", "hot-tp2ep2-eplb", "hot-tp4ep4-eplb", "hot-tp2ep2dp2-eplb",
+        "hot-dp2ep2-eplb", "hot-tp2dp2ep4-eplb"])
 def test_layout_matches_one_process_tokens_and_logprobs(models, references, name, layout):
     want = references(name)
     got, stats, replica_stats = run_layout(models[name], **layout)

@@ -33,13 +33,16 @@ def serve_args(command: str):
 @pytest.mark.parametrize("argv, needs", [
     (["--gpu", "H100"], ["--pipeline-parallel-size 4", "--nnodes 4"]),
     (["--gpu", "B300", "--context-length", "128k"], []),  # TP 4 x attention-DP 2, EP 8 on one node
-    (["--gpu", "H200", "--num-gpus", "16", "--context-length", "128k"], ["--data-parallel-size 2", "--nnodes 2"]),
+    # TP 8 x attention-DP 2, EP 16: one dp group per 8-GPU host (engine/dp_hosts.py)
+    (["--gpu", "H200", "--num-gpus", "16", "--tp", "8", "--pp", "1", "--attn-dp", "2", "--context-length", "128k"], []),
+    # the planner's own pick there has pipeline stages, which k3serve lacks
+    (["--gpu", "H200", "--num-gpus", "16", "--context-length", "128k"], ["--pipeline-parallel-size 2"]),
     (["--gpu", "H100", "--model", "k3-default"], []),
     (["--gpu", "H100", "--model", "k3-default", "--kv-cache-dtype", "fp8"], ["--kv-cache-dtype fp8"]),
 ])
 def test_printed_k3serve_command_is_accepted_by_serve(capsys, monkeypatch, argv, needs):
     out, text = plan(capsys, *argv)
-    args = serve_args(out["commands"]["k3serve"])
+    args = serve_args(out["commands"]["k3serve"].replace("$NODE_RANK", "0").replace("$HEAD_ADDR", "10.0.0.1"))
     # serve's own flag checks, short of resolving the model (an HF id here) and starting anything
     # (the model's packaged config stands in for its download; the planned GPU for this machine's)
     from k3serve.models.registry import packaged_config
@@ -53,6 +56,9 @@ def test_printed_k3serve_command_is_accepted_by_serve(capsys, monkeypatch, argv,
     assert config.engine["device"] == "cuda" and config.engine["max_num_seqs"] == -(-out["concurrency"] // dp)
     if "--data-parallel-size" in out["commands"]["k3serve"]:  # experts over all tp x dp ranks: one world
         assert config.data_parallel_size == dp and config.engine["data_parallel_size"] == dp
+    if "--nnodes" in out["commands"]["k3serve"] and dp > 1:  # one set of dp groups per host, tp inside a host
+        assert config.engine["dp_nnodes"] == out["nodes_per_replica"] and config.engine["nnodes"] == 1
+        assert config.engine["dp_address"] == "10.0.0.1"
     assert config.engine["max_model_len"] == out["context_length"]
     missing = out["k3serve_not_yet_supported"]
     assert all(n in missing for n in needs) and bool(missing) == bool(needs)
@@ -147,3 +153,40 @@ def test_no_fit_says_which_memory_term_fails(capsys, argv, says):
     assert len(err.strip().splitlines()) == 1 and "minimum is" not in err, err
     for s in says:
         assert s in err, (s, err)
+
+
+def test_k3serve_today_on_16_h200_is_the_longest_context_tp8_dp2_holds(capsys, monkeypatch):
+    """At 1M tokens the plan's 16-H200 layout needs pipeline stages; the planner then prints the best layout
+    k3serve runs (TP 8 x attention-DP 2, one dp group per host) at the longest context it holds: that context
+    fits and 1,024 more tokens do not, and serve accepts the printed line on both hosts."""
+    out, text = plan(capsys, "--gpu", "H200", "--num-gpus", "16")
+    assert out["k3serve_not_yet_supported"] and out["layout"]["pp"] > 1
+    today = out["k3serve_today"]
+    assert today["layout"] == "tp8pp1dp2ep16" and today["reason"] == "longest" and today["max_concurrency"] >= 1
+    ctx = today["context_length"]
+    assert ctx % 1024 == 0 and f"the longest context one holds is {ctx:,} tokens" in text
+    forced = ("--gpu", "H200", "--num-gpus", "16", "--tp", "8", "--pp", "1", "--attn-dp", "2")
+    assert plan(capsys, *forced, "--context-length", str(ctx))[0]["max_concurrency"] >= 1
+    from k3serve.cli import main
+
+    assert main(["plan", *forced, "--context-length", str(ctx + 1024)]) != 0
+    assert "does not fit" in capsys.readouterr().err
+    from k3serve.models.registry import packaged_config
+
+    monkeypatch.setattr("k3serve.models.registry.resolve_model_path", lambda name, **kw: packaged_config("kimi-k3"))
+    monkeypatch.setattr("k3serve.engine.config.check_device", lambda device: None)
+    for node in (0, 1):
+        args = serve_args(today["command"].replace("$NODE_RANK", str(node)).replace("$HEAD_ADDR", "10.0.0.1"))
+        engine = serve_cli.server_config(args).engine
+        assert (engine["tensor_parallel_size"], engine["data_parallel_size"], engine["dp_nnodes"]) == (8, 2, 2)
+        assert engine["max_model_len"] == ctx and engine["dp_address"] == "10.0.0.1" and args.node_rank == node
+
+
+def test_readme_16_h200_line_is_the_planners(capsys):
+    """The README's two-host H200 command is what `k3serve plan --gpu H200 --num-gpus 16` prints today."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    out, _ = plan(capsys, "--gpu", "H200", "--num-gpus", "16")
+    assert out["k3serve_today"]["command"] in readme
+    assert f"up to\n{out['k3serve_today']['context_length']:,} tokens" in readme
