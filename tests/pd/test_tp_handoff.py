@@ -3,7 +3,8 @@ prefill tp2 -> decode tp1 and prefill tp1 -> decode tp2 give the greedy tokens o
 top-20 logprobs within 1e-5, through a chunked prefill (16-token steps), for both KDA flavours (k3-tiny and
 kimi-linear-tiny). The prefill side's rank 0 gathers its ranks' KDA rows, the decode side's scatters them
 (engine/pd/rank_rows.py, reshard.py); a hand-off carries the full layout, so its checksums still catch one
-flipped byte on the way to a tp-2 decode side."""
+flipped byte on the way to a tp-2 decode side. Over HTTP: `serve --role prefill -tp 2` behind `route` with a tp-1
+decode worker answers like a `both` server."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from k3serve.engine.pd.manifest import Manifest
 from k3serve.engine.pd.transport import Fetch, ZmqSender
 from k3serve.engine.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.slow  # four engines, six processes per model: ~1 min idle, minutes on a loaded box
+pytestmark = pytest.mark.slow  # four engines, six processes per model: ~1 min each idle, minutes on a loaded box
 ENGINE = {"dtype": "float32", "kv_cache_memory": 16 * 2**20, "max_model_len": 256, "max_num_seqs": 4,
           "max_num_batched_tokens": 16, "log_stats_interval": 0.0}
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=20)
@@ -156,3 +157,85 @@ def _serve_frames(frames: list[bytes], stop: threading.Event) -> str:
 
     threading.Thread(target=run, daemon=True).start()
     return sender.address
+
+
+# over HTTP: `serve --role prefill -tp 2` -> `route` -> `serve --role decode` (tp 1), against a `both` server ----
+
+HTTP_ENGINE = ["--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
+               "--gpu-memory-utilization", "0.02"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list[str], log):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "k3serve", *args], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _wait_http(urls: list[str], procs: list, timeout: float = 300) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    for url in urls:
+        while True:
+            assert all(p.poll() is None for p in procs), "a server exited while starting"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"{url} did not start"
+            time.sleep(0.5)
+
+
+def _complete(url: str, prompt: list[int]) -> tuple[list[str], list[dict]]:
+    import httpx
+
+    body = {"model": "k3-tiny-random", "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "logprobs": 20}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    return lp["tokens"], lp["top_logprobs"]
+
+
+def test_http_prefill_tp2_to_decode_tp1(tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+
+    ports = [_free_port() for _ in range(4)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    procs = []
+    with (tmp_path / "servers.log").open("wb") as log:
+        try:
+            for port, extra in zip(ports[:3], (["--role", "both"], ["--role", "prefill", "-tp", "2"],
+                                               ["--role", "decode"])):
+                procs.append(_start(["serve", "k3-tiny-random", "--port", str(port), "--handoff-timeout", "20",
+                                     *extra, *HTTP_ENGINE], log))
+            _wait_http(urls[:3], procs)
+            procs.append(_start(["route", "--port", str(ports[3]), "--prefill", urls[1], "--decode", urls[2]], log))
+            _wait_http(urls[3:], procs, timeout=60)
+            for prompt in PROMPTS:
+                got, want = _complete(urls[3], prompt), _complete(urls[0], prompt)
+                assert got[0] == want[0]
+                for a, b in zip(got[1], want[1]):
+                    assert list(a) == list(b) and max(abs(a[k] - b[k]) for k in a) <= 1e-5
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGINT)
+            for p in procs:
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
