@@ -73,6 +73,7 @@ class LLMEngine:
         if config.retain_freed_memory and torch.device(device).type == "cpu":
             keep_freed_memory()  # process-wide: no page faults on every step's large temporaries
         self.model_config = model_config
+        self.par = par  # this rank's place: a hand-off reshards its KDA rows by par.tp (engine/pd/reshard.py)
         text = model_config.text
         self.vocab_size = text.vocab_size
         self.eos_token_ids = tuple(text.eos_token_id)

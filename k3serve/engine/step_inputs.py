@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 NOOP, STEP, SHUTDOWN = 0, 1, 2
+# a request's KDA rows out of / into every rank, between steps (engine/pd/rank_rows.py: the hand-off under tp)
+ROWS_OUT, ROWS_IN = 3, 4
 HEADER_LEN = 12
 _FLOAT_CODES = (torch.float32, torch.bfloat16, torch.float16)
 

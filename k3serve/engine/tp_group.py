@@ -20,6 +20,8 @@ import torch.distributed as dist
 from k3serve.core.distributed import Parallel, ParallelLayout, init_parallel
 from k3serve.engine.step_inputs import (
     NOOP,
+    ROWS_IN,
+    ROWS_OUT,
     SHUTDOWN,
     HEADER_LEN,
     StepInputs,
@@ -94,18 +96,41 @@ class TPGroup:
 
     # workers ------------------------------------------------------------------------------------
 
-    def recv(self) -> tuple[int, StepInputs | None]:
-        """(kind, inputs): inputs only for STEP."""
+    def recv(self) -> tuple[int, StepInputs | torch.Tensor | None]:
+        """(kind, inputs): inputs for STEP, the header for ROWS_OUT / ROWS_IN (engine/pd/rank_rows.py)."""
         h = self._bcast(torch.empty(HEADER_LEN, dtype=torch.long))
         kind = int(h[0])
         if kind in (NOOP, SHUTDOWN):
             return kind, None
+        if kind in (ROWS_OUT, ROWS_IN):
+            return kind, h
         payload = self._bcast(torch.empty(payload_len(h), dtype=torch.long))
         shape = embeds_shape(h)
         embeds = None if shape is None else self._bcast(torch.empty(shape[0], dtype=shape[1]))
         return kind, unpack(h, payload, embeds)
 
     # all ranks ----------------------------------------------------------------------------------
+
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` from rank 0 (filled in place on the workers)."""
+        return self._bcast(t)
+
+    def gather(self, t: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's ``t`` (same shape and dtype on all), in rank order, on rank 0; None on the workers."""
+        parts = [torch.empty_like(t) for _ in range(dist.get_world_size(self.group))] if self.is_leader else None
+        try:
+            dist.gather(t, parts, dst=self.leader, group=self.group)
+        except RuntimeError as e:
+            raise RankLost(f"a tensor-parallel rank is gone: {e}".splitlines()[0]) from e
+        return parts
+
+    def scatter(self, out: torch.Tensor, parts: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Rank r receives ``parts[r]`` (given on rank 0 only) into ``out``."""
+        try:
+            dist.scatter(out, parts if self.is_leader else None, src=self.leader, group=self.group)
+        except RuntimeError as e:
+            raise RankLost(f"a tensor-parallel rank is gone: {e}".splitlines()[0]) from e
+        return out
 
     def agree_min(self, values: list[int]) -> list[int]:
         """The element-wise minimum over the group (cache sizes: every rank must allocate the same)."""

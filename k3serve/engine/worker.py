@@ -4,7 +4,9 @@
 
 It builds the same ``LLMEngine`` as rank 0 (same cache plan, agreed over the group, so the same block and
 slot numbering), then loops: receive ``StepInputs`` -> ``ModelRunner.execute`` (prefix-hit and snapshot slot
-copies included; the logits are dropped, rank 0 samples) until ``SHUTDOWN``. It never schedules. Exit codes:
+copies included; the logits are dropped, rank 0 samples) until ``SHUTDOWN``. It never schedules. Between steps, a
+prefill/decode hand-off on rank 0 asks for this rank's KDA rows of a request, or sends it imported rows and
+latents (``ROWS_OUT`` / ``ROWS_IN``, ``engine/pd/rank_rows.py``). Exit codes:
 0 when told to stop, 1 when the group broke or a step failed (rank 0's watchdog then stops the others).
 """
 
@@ -22,7 +24,8 @@ log = logging.getLogger("k3serve.engine")
 
 def follow(engine, group) -> None:
     """Run every step rank 0 broadcasts on this rank's ``engine`` until it says SHUTDOWN."""
-    from k3serve.engine.step_inputs import SHUTDOWN, STEP
+    from k3serve.engine.pd.rank_rows import follow_rows
+    from k3serve.engine.step_inputs import ROWS_IN, ROWS_OUT, SHUTDOWN, STEP
 
     while True:
         kind, inputs = group.recv()
@@ -30,6 +33,8 @@ def follow(engine, group) -> None:
             return
         if kind == STEP:
             engine.runner.execute(inputs)
+        elif kind in (ROWS_OUT, ROWS_IN):  # a hand-off on rank 0: its KDA rows out, or imported rows in
+            follow_rows(engine, group, kind, inputs)
 
 
 def run_worker(spec) -> int:

@@ -109,9 +109,6 @@ def check_parallel(args: argparse.Namespace, model_config) -> dict:
                          f"{tp}: the world size must equal it")
     if rank is not None and dp > 1:
         raise ValueError("--data-parallel-size with torchrun: not supported (start one torchrun job per replica)")
-    if getattr(args, "role", "both") != "both" and tp > 1:
-        raise ValueError(f"--role {args.role} with --tensor-parallel-size {tp}: not supported yet (a hand-off "
-                         "carries one rank's KDA heads)")
     if lockstep and getattr(args, "role", "both") != "both":
         raise ValueError(f"--role {args.role} with --data-parallel-size and --enable-expert-parallel: not "
                          "supported yet")

@@ -5,7 +5,10 @@ around them are ``engine/pd/worker.py``.
 Positions, not blocks, cross: MLA latents travel as ``[positions, D_latent]`` gathered from the prefill side's
 block table and are scattered into blocks the decode side allocated itself (its block ids, even its block
 size, may differ). KDA states are read from the slot's current cache row (``StateRows`` moves rows between
-steps, so the slot recorded at admission is resolved only now, in the engine's own thread).
+steps, so the slot recorded at admission is resolved only now, in the engine's own thread). Under tensor
+parallelism each rank holds its heads' rows: they travel in the full (tp 1) layout, gathered from every rank
+by the prefill side's rank 0 and scattered to its ranks by the decode side's (``rank_rows``, ``reshard``), so
+the two sides may run different tp sizes; checksums and the fingerprint cover the full layout.
 
 Images: the decode side gets the request's images too, never runs the vision tower (the latents of their
 positions arrive), but hashes them into its block keys exactly as the prefill side did, so its prefix-cache hit
@@ -20,6 +23,7 @@ import torch
 
 from k3serve.engine.logits_processor import LogitsProcessor
 from k3serve.engine.multimodal import ImageInput
+from k3serve.engine.pd import rank_rows, reshard
 from k3serve.engine.pd.manifest import HandoffError, Manifest, fingerprint, tensor_item, verify
 from k3serve.engine.prefix_cache import update_block_hashes
 from k3serve.engine.request import Request, RequestStatus
@@ -29,13 +33,30 @@ from k3serve.engine.scheduler import stop_reason
 _GENERATOR_BYTES = torch.Generator().get_state().numel()
 
 
+def _tp(engine) -> int:
+    par = getattr(engine, "par", None)
+    return 1 if par is None else par.tp
+
+
 def cache_layout(engine) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Per-token (MLA) and per-slot (KDA) shape and dtype of every cache item, by item name."""
-    c = engine.runner.caches
+    """Per-token (MLA) and per-slot (KDA) shape and dtype of every cache item, by item name, in the full (tp 1)
+    layout that every hand-off carries whatever the tp of either side (``reshard``)."""
+    c, tp = engine.runner.caches, _tp(engine)
     out = {f"mla.{i}": (tuple(t.shape[2:]), t.dtype) for i, t in c.mla.items()}
-    out |= {f"kda_state.{i}": (tuple(t.shape[1:]), t.dtype) for i, t in c.kda_state.items()}
-    out |= {f"kda_conv.{i}": (tuple(t.shape[1:]), t.dtype) for i, t in c.kda_conv.items()}
+    out |= {f"kda_state.{i}": (reshard.full_shape(f"kda_state.{i}", tuple(t.shape[1:]), tp), t.dtype)
+            for i, t in c.kda_state.items()}
+    out |= {f"kda_conv.{i}": (reshard.full_shape(f"kda_conv.{i}", tuple(t.shape[1:]), tp), t.dtype)
+            for i, t in c.kda_conv.items()}
     return out
+
+
+def _kda_rows(engine, slot: int) -> dict[str, torch.Tensor]:
+    """The full-layout KDA state and conv window of ``slot``: this process's rows, or every rank's gathered
+    (rank 0 of a tp group asks its workers over the step channel)."""
+    group = engine.runner.group
+    if group is None:
+        return rank_rows.local_rows(engine, slot)
+    return reshard.gather_all(rank_rows.gather_rows(engine, group, slot))
 
 
 def engine_fingerprint(engine) -> str:
@@ -103,9 +124,7 @@ def export(engine, request_id: str, held_hashes: list[int], block_size: int) -> 
     rows = _flat_positions(req.block_ids, bs, start, n).to(engine.runner.device)
     for i, cache in caches.mla.items():
         add(f"mla.{i}", cache.view(-1, cache.shape[-1]).index_select(0, rows))
-    row = engine.runner.state_rows.rows([req.slot])[0]
-    states = {f"kda_state.{i}": t[row] for i, t in caches.kda_state.items()}
-    states |= {f"kda_conv.{i}": t[row] for i, t in caches.kda_conv.items()}
+    states = _kda_rows(engine, req.slot)
     if bad := _zeroed_layers(states):
         raise HandoffError(f"hand-off {request_id}: KDA state of {', '.join(bad)} is all zeros after {n} tokens "
                            "while the rest is not (never written?); refusing to hand it off")
@@ -181,11 +200,12 @@ def import_manifest(engine, req: Request, manifest: Manifest, payloads: list[byt
     for i, cache in caches.mla.items():
         fresh = tensors[f"mla.{i}"][held - manifest.start:].to(device)
         cache.view(-1, cache.shape[-1]).index_copy_(0, rows, fresh)
-    row = engine.runner.state_rows.rows([req.slot])[0]
-    for i, t in caches.kda_state.items():
-        t[row].copy_(tensors[f"kda_state.{i}"])
-    for i, t in caches.kda_conv.items():
-        t[row].copy_(tensors[f"kda_conv.{i}"])
+    kda = {k: t for k, t in tensors.items() if k.startswith(("kda_state.", "kda_conv."))}
+    per_rank = reshard.scatter(kda, _tp(engine))  # this rank's heads, in full head order (q|k|v by segment)
+    rank_rows.write_rows(engine, req.slot, per_rank[0])
+    if engine.runner.group is not None:  # the other ranks' heads, and the latents every rank keeps
+        fresh = {i: tensors[f"mla.{i}"][held - manifest.start:] for i in caches.mla}
+        rank_rows.scatter_rows(engine, engine.runner.group, req.slot, per_rank, rows.cpu(), fresh)
     if req.generator is not None:
         req.generator.set_state(tensors["generator"])
     req.num_computed_tokens = req.prefill_target = n

@@ -1,0 +1,241 @@
+"""Prefill/decode hand-offs between different tensor-parallel sizes, as engine-core processes over ZMQ/TCP:
+prefill tp2 -> decode tp1 and prefill tp1 -> decode tp2 give the greedy tokens of a single tp-1 `both` engine,
+top-20 logprobs within 1e-5, through a chunked prefill (16-token steps), for both KDA flavours (k3-tiny and
+kimi-linear-tiny). The prefill side's rank 0 gathers its ranks' KDA rows, the decode side's scatters them
+(engine/pd/rank_rows.py, reshard.py); a hand-off carries the full layout, so its checksums still catch one
+flipped byte on the way to a tp-2 decode side. Over HTTP: `serve --role prefill -tp 2` behind `route` with a tp-1
+decode worker answers like a `both` server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from k3serve.engine.client import EngineClient
+from k3serve.engine.messages import HandoffSource
+from k3serve.engine.pd.manifest import Manifest
+from k3serve.engine.pd.transport import Fetch, ZmqSender
+from k3serve.engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow  # four engines, six processes per model: ~1 min each idle, minutes on a loaded box
+ENGINE = {"dtype": "float32", "kv_cache_memory": 16 * 2**20, "max_model_len": 256, "max_num_seqs": 4,
+          "max_num_batched_tokens": 16, "log_stats_interval": 0.0}
+PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=20)
+PROMPTS = [list(range(100, 141)), [7, 1999, 3, 500, 42, 42, 11, 900, 1234, 5, 66, 77, 88, 99, 100, 101, 1500, 3,
+                                   4, 5, 6]]
+
+
+async def _collect(stream) -> list:
+    return [o async for o in stream]
+
+
+def _flat(outs: list) -> tuple[list[int], list[dict]]:
+    return [t for o in outs for t in o.token_ids], [lp for o in outs for lp in (o.logprobs or [])]
+
+
+def _same(got, want) -> None:
+    assert got[0] == want[0]
+    assert len(got[1]) == len(want[1]) == len(want[0])
+    for a, b in zip(got[1], want[1]):
+        assert list(a) == list(b) and max(abs(a[k] - b[k]) for k in a) <= 1e-5
+
+
+async def _wait_for(client: EngineClient, cond, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond(client.stats):
+        assert time.monotonic() < deadline, f"timed out; stats {client.stats}"
+        await asyncio.sleep(0.1)
+
+
+def _fetch_raw(address: str, rid: str) -> list[bytes]:
+    """A manifest's frames from a prefill worker, as a decode side would get them (not acked: it times out)."""
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    try:
+        dealer.connect(address)
+        dealer.send(msgspec.msgpack.encode(Fetch(rid, [], 16)))
+        assert dealer.poll(60_000)
+        frames = dealer.recv_multipart()
+        assert frames[0] == b"m", frames
+        return frames[1:]
+    finally:
+        dealer.close(0)
+        ctx.term()
+
+
+def _serve_tampered(header: bytes, payloads: list[bytes], stop: threading.Event) -> str:
+    """A fake prefill worker answering every fetch with this manifest, its first KDA state flipped by one bit."""
+    manifest = msgspec.msgpack.decode(header, type=Manifest)
+    i = next(k for k, it in enumerate(manifest.items) if it.name.startswith("kda_state."))
+    bad = bytearray(payloads[i])
+    bad[len(bad) // 2] ^= 0x10
+    payloads = [*payloads[:i], bytes(bad), *payloads[i + 1:]]
+    sender = ZmqSender()
+
+    def run() -> None:
+        try:
+            while not stop.is_set():
+                for peer, msg in sender.receive():
+                    if isinstance(msg, Fetch):
+                        sender.send(peer, manifest, payloads)
+                time.sleep(0.01)
+        finally:
+            sender.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return sender.address
+
+
+@pytest.mark.parametrize("model", ["k3-tiny-random", "kimi-linear-tiny-random"])
+def test_handoff_across_tp_sizes(model: str) -> None:
+    async def main():
+        base = dict(ENGINE, model=model)
+        both = EngineClient(dict(base))  # the reference; it also imports hand-offs (tp2 -> tp1)
+        pre2 = EngineClient(dict(base, role="prefill", tensor_parallel_size=2, handoff_timeout_s=20.0))
+        pre1 = EngineClient(dict(base, role="prefill", handoff_timeout_s=20.0))
+        dec2 = EngineClient(dict(base, role="decode", tensor_parallel_size=2))
+        clients = (both, pre2, pre1, dec2)
+        try:
+            await asyncio.gather(*(c.start() for c in clients))
+            for n, prompt in enumerate(PROMPTS):
+                want = _flat(await _collect(both.generate(f"ref{n}", prompt, PARAMS)))
+                for pre, dec, tag in ((pre2, both, "2to1"), (pre1, dec2, "1to2")):
+                    rid = f"{tag}-{n}"
+                    first = await _collect(pre.generate(rid, prompt, PARAMS))
+                    assert len(first) == 1 and first[0].finished and first[0].handoff is not None
+                    got = _flat(await _collect(dec.generate(rid, prompt, PARAMS, handoff=first[0].handoff)))
+                    _same(got, want)
+            await _wait_for(pre2, lambda s: s.num_held == 0 and s.num_blocks_used == 0
+                            and s.handoff_transfers == len(PROMPTS) and s.handoff_failures == 0)
+            await _wait_for(dec2, lambda s: s.handoff_transfers == len(PROMPTS) and s.handoff_failures == 0)
+
+            # a tp-2 prefill side's manifest, one bit flipped in transit to a tp-2 decode side: refused
+            prompt = PROMPTS[0]
+            first = await _collect(pre2.generate("flip", prompt, PARAMS))
+            frames = await asyncio.to_thread(_fetch_raw, first[0].handoff.address, "flip")
+            stop = threading.Event()
+            try:
+                fake = _serve_tampered(frames[0], frames[1:], stop)
+                with pytest.raises(ValueError, match=r"kda_state\.\d+ is corrupt \(checksum mismatch\)"):
+                    await _collect(dec2.generate("flip", prompt, PARAMS, handoff=HandoffSource(fake, "flip")))
+                # the untampered frames from the same fetch decode like the reference
+                stop.set()
+                stop = threading.Event()
+                fake = await asyncio.to_thread(_serve_frames, frames, stop)
+                got = _flat(await _collect(dec2.generate("clean", prompt, PARAMS,
+                                                         handoff=HandoffSource(fake, "flip"))))
+                _same(got, _flat(await _collect(both.generate("ref-clean", prompt, PARAMS))))
+            finally:
+                stop.set()
+            await _wait_for(dec2, lambda s: s.num_held == 0 and s.num_blocks_used == 0 and s.handoff_failures == 1)
+        finally:
+            await asyncio.gather(*(c.shutdown() for c in clients))
+
+    asyncio.run(main())
+
+
+def _serve_frames(frames: list[bytes], stop: threading.Event) -> str:
+    """A fake prefill worker answering every fetch with these frames as they are."""
+    manifest = msgspec.msgpack.decode(frames[0], type=Manifest)
+    sender = ZmqSender()
+
+    def run() -> None:
+        try:
+            while not stop.is_set():
+                for peer, msg in sender.receive():
+                    if isinstance(msg, Fetch):
+                        sender.send(peer, manifest, frames[1:])
+                time.sleep(0.01)
+        finally:
+            sender.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return sender.address
+
+
+# over HTTP: `serve --role prefill -tp 2` -> `route` -> `serve --role decode` (tp 1), against a `both` server ----
+
+HTTP_ENGINE = ["--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
+               "--gpu-memory-utilization", "0.02"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list[str], log):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "k3serve", *args], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _wait_http(urls: list[str], procs: list, timeout: float = 300) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    for url in urls:
+        while True:
+            assert all(p.poll() is None for p in procs), "a server exited while starting"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"{url} did not start"
+            time.sleep(0.5)
+
+
+def _complete(url: str, prompt: list[int]) -> tuple[list[str], list[dict]]:
+    import httpx
+
+    body = {"model": "k3-tiny-random", "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "logprobs": 20}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    return lp["tokens"], lp["top_logprobs"]
+
+
+def test_http_prefill_tp2_to_decode_tp1(tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+
+    ports = [_free_port() for _ in range(4)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    procs = []
+    with (tmp_path / "servers.log").open("wb") as log:
+        try:
+            for port, extra in zip(ports[:3], (["--role", "both"], ["--role", "prefill", "-tp", "2"],
+                                               ["--role", "decode"])):
+                procs.append(_start(["serve", "k3-tiny-random", "--port", str(port), "--handoff-timeout", "20",
+                                     *extra, *HTTP_ENGINE], log))
+            _wait_http(urls[:3], procs)
+            procs.append(_start(["route", "--port", str(ports[3]), "--prefill", urls[1], "--decode", urls[2]], log))
+            _wait_http(urls[3:], procs, timeout=60)
+            for prompt in PROMPTS:
+                got, want = _complete(urls[3], prompt), _complete(urls[0], prompt)
+                assert got[0] == want[0]
+                for a, b in zip(got[1], want[1]):
+                    assert list(a) == list(b) and max(abs(a[k] - b[k]) for k in a) <= 1e-5
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGINT)
+            for p in procs:
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
