@@ -72,7 +72,7 @@ class PDRole:
         c = (self.prefill or self.decode).counters
         return dict(num_held=len(self.engine.scheduler.held), handoff_transfers=c.transfers,
                     handoff_failures=c.failures, handoff_bytes=c.bytes, handoff_transfer_s=c.transfer_s,
-                    handoff_queue_s=c.queue_s)
+                    handoff_queue_s=c.queue_s, handoff_cached_tokens=c.cached_tokens)
 
     def close(self) -> None:
         (self.prefill.sender if self.prefill is not None else self.decode.receiver).close()

@@ -37,6 +37,7 @@ class HandoffCounters:
     bytes: int = 0  # manifest bytes sent (prefill) or received (decode)
     transfer_s: float = 0.0  # prefill: export + send; decode: fetch sent -> imported
     queue_s: float = 0.0  # prefill: first token -> released (held); decode: added -> fetch sent (no room yet)
+    cached_tokens: int = 0  # prompt positions whose latents did not cross: the decode side's prefix-cache hit
 
 
 class PrefillSide:
@@ -77,6 +78,7 @@ class PrefillSide:
                                else f"export failed: {type(e).__name__}: {e}")
             return
         self.counters.bytes += self.sender.send(peer, manifest, payloads)
+        self.counters.cached_tokens += manifest.start
         self.counters.transfers += 1
         self.counters.transfer_s += time.perf_counter() - t0
 
@@ -186,6 +188,7 @@ class DecodeSide:
         self.receiver.ack(p.address, Ack(p.remote_id, True))
         self.counters.transfers += 1
         self.counters.bytes += sum(len(x) for x in payloads)
+        self.counters.cached_tokens += msg.start
         self.counters.transfer_s += self.clock() - p.fetched
         return first
 
