@@ -32,8 +32,10 @@ def _healthy(url: str) -> bool:
 
 
 @contextmanager
-def cluster(model: str, engine: list[str], log_path, *, two_by_two: bool = True, timeout: float = 900):
-    """Yield {"both", "prefill", "decode", "router", "pd22"} URLs ("pd22" only with ``two_by_two``)."""
+def cluster(model: str, engine: list[str], log_path, *, two_by_two: bool = True, both: bool = True,
+            handoff_timeout: float = 60, timeout: float = 900):
+    """Yield {"both", "prefill", "decode", "router", "pd22"} URLs ("pd22" only with ``two_by_two``, "both" only
+    with ``both``) and, under "procs", the server processes by name."""
     log = open(log_path, "wb")
     procs: list[subprocess.Popen] = []
 
@@ -42,11 +44,14 @@ def cluster(model: str, engine: list[str], log_path, *, two_by_two: bool = True,
                                       stdin=subprocess.DEVNULL, start_new_session=True))
 
     urls: dict[str, str] = {}
+    by_name: dict[str, subprocess.Popen] = {}
     try:
-        for role in ("both", "prefill", "decode"):
+        for role in ("both", "prefill", "decode")[0 if both else 1:]:
             port = free_port()
             urls[role] = f"http://127.0.0.1:{port}"
-            start("serve", model, "--port", str(port), "--role", role, "--handoff-timeout", "60", *engine)
+            start("serve", model, "--port", str(port), "--role", role, "--handoff-timeout", str(handoff_timeout),
+                  *engine)
+            by_name[role] = procs[-1]
         port = free_port()
         urls["router"] = f"http://127.0.0.1:{port}"
         start("route", "--port", str(port), "--prefill", urls["prefill"], "--decode", urls["decode"])
@@ -54,7 +59,7 @@ def cluster(model: str, engine: list[str], log_path, *, two_by_two: bool = True,
             port = free_port()
             urls["pd22"] = f"http://127.0.0.1:{port}"
             start("serve", model, "--port", str(port), "--prefill-replicas", "2", "--decode-replicas", "2",
-                  "--handoff-timeout", "60", *engine)
+                  "--handoff-timeout", str(handoff_timeout), *engine)
         deadline = time.monotonic() + timeout
         pending = dict(urls)
         while pending:
@@ -66,7 +71,7 @@ def cluster(model: str, engine: list[str], log_path, *, two_by_two: bool = True,
                 pending["pd22"] = urls["pd22"]
             assert time.monotonic() < deadline, f"{sorted(pending)} did not start (log: {log_path})"
             time.sleep(0.5)
-        yield urls
+        yield urls | {"procs": by_name}
     finally:
         for p in procs:
             if p.poll() is None:
