@@ -72,7 +72,7 @@ async def stream(client: httpx.AsyncClient, url: str, model: str, prompt: list[i
     t0 = time.perf_counter()
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}
-    times = []
+    times, finished = [], False
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         if r.status_code != 200:
             raise SystemExit(f"{url}: {r.status_code} {await r.aread()}")
@@ -83,6 +83,10 @@ async def stream(client: httpx.AsyncClient, url: str, model: str, prompt: list[i
                     raise SystemExit(f"{url}: {frame}")
                 if frame["choices"] and frame["choices"][0].get("finish_reason") is None:
                     times.append(time.perf_counter() - t0)
+                elif frame["choices"]:
+                    finished = True
+    if not finished or not times:  # a stream cut short would skew the figures: fail the run, say which
+        raise SystemExit(f"{url}: a stream ended without its finish_reason ({len(times)} tokens)")
     return times
 
 
@@ -132,7 +136,7 @@ def main() -> None:
                                 *(["--handoff-timeout", str(args.handoff_timeout)] if role != "both" else [])], log))
         wait_up(urls[:3], procs)
         procs.append(start(["route", "--port", str(ports[3]), "--prefill", urls[1], "--decode", urls[2]], log))
-        time.sleep(3)
+        wait_up(urls[3:], procs)  # the router answers /health once it listens; nothing is sent before
         modes = {"colocated (1 both)": urls[0], "disaggregated (1P+1D)": urls[3]}
         out = {m: {"itl": [], "short_ttft": [], "long_ttft": []} for m in modes}
         rng = random.Random(0)

@@ -135,9 +135,12 @@ class EngineCore:
             return self._add(msg)
         if isinstance(msg, AbortRequest):
             for rid in msg.request_ids:
-                if self.compiling.pop(rid, None) is None:
+                compiling = self.compiling.pop(rid, None)
+                if compiling is None:
                     self.pd.abort(rid)
                     self.engine.abort_request(rid)
+                elif compiling[0].handoff is not None:
+                    self.pd.nack(compiling[0].handoff, "aborted before it was added")
         return []
 
     def _add(self, msg: AddRequest, template=None) -> list[Output]:
@@ -150,6 +153,8 @@ class EngineCore:
                 self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params, images=images,
                                         logits_processor=proc, prefill_only=self.pd.prefill_only)
         except (ValueError, TypeError) as e:  # refused: the client raises it for this request
+            if msg.handoff is not None:  # and the prefill worker frees its copy now, not at its timeout
+                self.pd.nack(msg.handoff, str(e))
             return [Output(msg.request_id, [], finished=True, error=str(e))]
         return []
 
@@ -163,8 +168,10 @@ class EngineCore:
             try:
                 template = fut.result()
             except Exception as e:  # noqa: BLE001 - a grammar llguidance rejects fails its request only
-                out.append(Output(rid, [], finished=True, error=str(e) if isinstance(e, ValueError)
-                                  else f"grammar: {type(e).__name__}: {e}"))
+                error = str(e) if isinstance(e, ValueError) else f"grammar: {type(e).__name__}: {e}"
+                if msg.handoff is not None:
+                    self.pd.nack(msg.handoff, error)
+                out.append(Output(rid, [], finished=True, error=error))
                 continue
             out += self._add(msg, template)
         return out

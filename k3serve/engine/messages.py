@@ -90,6 +90,7 @@ class Stats(msgspec.Struct, frozen=True):
     handoff_bytes: int = 0
     handoff_transfer_s: float = 0.0
     handoff_queue_s: float = 0.0  # prefill: held until acked; decode: waiting for room before fetching
+    handoff_cached_tokens: int = 0  # prompt positions not sent: the decode side's prefix cache held them
     num_expert_replicas: int = 0  # EPLB: expert copies beyond the first, over every MoE layer
     num_spec_rows: int = 0  # speculative decoding: verify rows, drafts proposed, drafts accepted
     num_draft_tokens: int = 0

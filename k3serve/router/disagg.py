@@ -10,7 +10,10 @@ Per request (``/v1/completions``, ``/v1/chat/completions``; one prompt, one choi
      caches from the prefill worker (engine/pd), decodes, and its answer (JSON or SSE) goes back to the client
      unchanged.
 An error answer of either worker is passed back as it is; a worker that refuses the connection is skipped for
-this request. The prefill worker frees a hand-off nobody fetched after its ``--handoff-timeout``.
+this request. When the decode side answers with an error, fails (mid-stream included), or no decode worker takes
+the request, the router nacks the hand-off (``engine/pd/wire.Nacker``: a negative ``Ack`` to the prefill
+worker's sender address), so its slot and blocks are freed at once; the prefill worker's
+``--handoff-timeout`` is the last resort (a router that dies in between).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from k3serve.core.errors import error_body
+from k3serve.engine.pd.wire import Nacker
 from k3serve.router.decode_choice import DecodeChoice
 
 log = logging.getLogger("k3serve.router")
@@ -93,6 +97,8 @@ class DisaggProxy:
         self.prefill, self.decode = Workers(config.prefill), Workers(config.decode)
         self.choice = DecodeChoice(len(config.decode))
         self._ids = itertools.count()
+        self.nacker = Nacker()
+        self.nacks = 0  # hand-offs this router told a prefill worker to free
         self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(config.request_timeout_s, connect=2.0),
                                         limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
 
@@ -129,11 +135,13 @@ class DisaggProxy:
         try:
             resp = await self._post(self.decode, path, body | {"kv_transfer_params": kv}, headers, stream=stream,
                                     first=chosen)
-        except BaseException:
+        except BaseException:  # the client went away: nobody will continue this hand-off
             self.choice.finished(rid)
+            self._nack(kv, "the request ended at the router before a decode worker answered")
             raise
         if isinstance(resp, Response):
             self.choice.finished(rid)
+            self._nack(kv, "no decode worker took the request")
             return resp
         self.choice.started(rid)
         w, r = resp
@@ -141,12 +149,25 @@ class DisaggProxy:
         if not stream or r.status_code != 200:
             try:
                 content = await r.aread()
+            except httpx.HTTPError as e:  # the decode worker died before it answered
+                self._nack(kv, f"the decode worker failed ({type(e).__name__})")
+                return _error(502, f"decode worker {self.decode.urls[w]} failed: {type(e).__name__}", "worker_failed")
             finally:
                 await r.aclose()
                 self.decode.active[w] -= 1
                 self.choice.finished(rid)
+            if r.status_code != 200:
+                self._nack(kv, f"the decode worker answered {r.status_code}")
             return Response(content, r.status_code, headers=out_headers)
-        return StreamingResponse(self._relay(r, w, rid), r.status_code, headers=out_headers)
+        return StreamingResponse(self._relay(r, w, rid, kv), r.status_code, headers=out_headers)
+
+    def _nack(self, kv: object, reason: str) -> None:
+        """Tell the prefill worker to free the hand-off ``kv`` (its ``kv_transfer_params``) now. Harmless when
+        the decode side already took or released it (the prefill worker ignores acks of what it no longer
+        holds)."""
+        if isinstance(kv, dict) and isinstance(kv.get("request_id"), str):
+            if self.nacker.nack(kv.get("address"), kv["request_id"], reason):
+                self.nacks += 1
 
     async def _post(self, workers: Workers, path: str, body: dict, headers: dict[str, str], *, stream: bool,
                     first: int | None = None):
@@ -172,11 +193,12 @@ class DisaggProxy:
             return w, r
         return _error(503, "no worker of that role could take the request", "no_worker")
 
-    async def _relay(self, r: httpx.Response, w: int, rid: int) -> AsyncIterator[bytes]:
+    async def _relay(self, r: httpx.Response, w: int, rid: int, kv: dict) -> AsyncIterator[bytes]:
         try:
             async for chunk in r.aiter_raw():
                 yield chunk
         except httpx.HTTPError as e:
+            self._nack(kv, f"the decode worker failed mid-stream ({type(e).__name__})")
             msg = error_body(502, f"the decode worker failed mid-stream ({type(e).__name__})", "worker_failed")
             yield b"data: " + json.dumps(msg).encode() + b"\n\ndata: [DONE]\n\n"
         finally:
@@ -194,6 +216,7 @@ def build_app(config: DisaggConfig) -> FastAPI:
             yield
         finally:
             await proxy.client.aclose()
+            proxy.nacker.close()
 
     app = FastAPI(title="k3serve router (prefill/decode)", lifespan=lifespan)
     app.state.proxy = proxy
@@ -210,7 +233,7 @@ def build_app(config: DisaggConfig) -> FastAPI:
     async def workers():
         return {role: [{"url": u, "active_requests": ws.active[i], "served_requests": ws.served[i]}
                        for i, u in enumerate(ws.urls)]
-                for role, ws in (("prefill", proxy.prefill), ("decode", proxy.decode))}
+                for role, ws in (("prefill", proxy.prefill), ("decode", proxy.decode))} | {"nacks": proxy.nacks}
 
     @app.get("/health")
     async def health():

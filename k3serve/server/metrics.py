@@ -50,6 +50,8 @@ class _EngineGauges:
                               "fetch->imported", s.handoff_transfer_s),
                              ("k3serve:handoff_queue_seconds", "P/D queue time: prefill holds until acked, decode "
                               "waits for room before fetching", s.handoff_queue_s),
+                             ("k3serve:handoff_cached_tokens", "P/D prompt positions not transferred: the decode "
+                              "side's prefix cache held them", s.handoff_cached_tokens),
                              ("vllm:num_preemptions", "Preemptions by recompute", s.num_preemptions),
                              ("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache",
                               s.num_prefix_hit_tokens),

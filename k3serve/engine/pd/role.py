@@ -35,6 +35,13 @@ class PDRole:
         self.decode.add(msg.request_id, msg.prompt_token_ids, msg.params, msg.handoff.address,
                         msg.handoff.request_id, images=images, logits_processor=logits_processor)
 
+    def nack(self, handoff: HandoffSource, error: str) -> None:
+        """A hand-off refused before it was queued here (bad request, bad images, grammar): the prefill worker
+        frees its slot and blocks now. On a prefill worker there is no receiver; the router nacks."""
+        if self.decode is not None:
+            self.decode.counters.failures += 1
+            self.decode.nack(handoff.address, handoff.request_id, f"the decode side refused the hand-off: {error}")
+
     def abort(self, request_id: str) -> None:
         if self.decode is not None:
             self.decode.abort(request_id)
@@ -65,7 +72,7 @@ class PDRole:
         c = (self.prefill or self.decode).counters
         return dict(num_held=len(self.engine.scheduler.held), handoff_transfers=c.transfers,
                     handoff_failures=c.failures, handoff_bytes=c.bytes, handoff_transfer_s=c.transfer_s,
-                    handoff_queue_s=c.queue_s)
+                    handoff_queue_s=c.queue_s, handoff_cached_tokens=c.cached_tokens)
 
     def close(self) -> None:
         (self.prefill.sender if self.prefill is not None else self.decode.receiver).close()

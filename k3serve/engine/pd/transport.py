@@ -11,7 +11,7 @@ The sender pins the request's slot and blocks from its first token until the ack
 (``worker.PrefillSide``). Payloads go as separate ZMQ frames (no copy into one buffer). Neither NIXL nor the
 Mooncake transfer engine runs on the CPU-only machines this was built on (the Mooncake wheel needs
 ``libibverbs``; NIXL's wheels are CUDA builds), so ZMQ/TCP is the only implementation; an RDMA one would
-implement the same two classes.
+implement the same two classes. The small messages (and the router's ``Nacker``) are in ``engine/pd/wire.py``.
 """
 
 from __future__ import annotations
@@ -20,28 +20,9 @@ import msgspec
 import zmq
 
 from k3serve.engine.pd.manifest import Manifest
+from k3serve.engine.pd.wire import Ack, Fetch, Refusal, encoder as _enc, refusal as _refusal, to_sender as _to_sender
 
-
-class Fetch(msgspec.Struct, tag="fetch", frozen=True):
-    request_id: str
-    held_hashes: list[int]  # chain hashes of the leading blocks the receiver already holds
-    block_size: int
-
-
-class Ack(msgspec.Struct, tag="ack", frozen=True):
-    request_id: str
-    ok: bool
-    error: str | None = None
-
-
-class Refusal(msgspec.Struct, tag="refusal", frozen=True):
-    request_id: str
-    error: str
-
-
-_enc = msgspec.msgpack.Encoder()
-_to_sender = msgspec.msgpack.Decoder(Fetch | Ack)
-_refusal = msgspec.msgpack.Decoder(Refusal)
+__all__ = ["Ack", "Fetch", "Receiver", "Refusal", "Sender", "ZmqReceiver", "ZmqSender"]
 _manifest = msgspec.msgpack.Decoder(Manifest)
 
 

@@ -6,7 +6,8 @@ deadline; a ``Fetch`` is answered with its manifest, an ``Ack`` (or the deadline
 ``DecodeSide`` (role decode or both): an ``AddRequest`` that names a hand-off source waits until a running slot
 and the prompt's blocks can be reserved, then fetches (naming the blocks its prefix cache already holds);
 the manifest is verified and imported, the request decodes from the next step, and the sender is acked. A
-refusal, a failed check or no answer within the timeout ends the request with an error.
+refusal, a failed check or no answer within the timeout ends the request with an error. Whatever this side
+will not import (refused when added, aborted, failed) is acked negatively, so the sender frees it at once.
 
 Both count what ``/metrics`` shows: bytes and time of transfers, and how long requests queued or were held.
 """
@@ -36,6 +37,7 @@ class HandoffCounters:
     bytes: int = 0  # manifest bytes sent (prefill) or received (decode)
     transfer_s: float = 0.0  # prefill: export + send; decode: fetch sent -> imported
     queue_s: float = 0.0  # prefill: first token -> released (held); decode: added -> fetch sent (no room yet)
+    cached_tokens: int = 0  # prompt positions whose latents did not cross: the decode side's prefix-cache hit
 
 
 class PrefillSide:
@@ -76,6 +78,7 @@ class PrefillSide:
                                else f"export failed: {type(e).__name__}: {e}")
             return
         self.counters.bytes += self.sender.send(peer, manifest, payloads)
+        self.counters.cached_tokens += manifest.start
         self.counters.transfers += 1
         self.counters.transfer_s += time.perf_counter() - t0
 
@@ -123,8 +126,15 @@ class DecodeSide:
         self.waiting.append(_Pending(request_id, list(prompt_token_ids), params, address, remote_id, self.clock(),
                                      images=checked, processor=logits_processor))
 
+    def nack(self, address: str, remote_id: str, error: str) -> None:
+        """Tell a sender to free a hand-off this side will not fetch (refused at add time, aborted before its
+        fetch): its slot and blocks come back now, not at its timeout."""
+        self.receiver.ack(address, Ack(remote_id, False, error))
+
     def abort(self, request_id: str) -> None:
-        self.waiting = deque(p for p in self.waiting if p.request_id != request_id)
+        for p in [p for p in self.waiting if p.request_id == request_id]:  # never fetched: the sender is told now
+            self.waiting.remove(p)
+            self.nack(p.address, p.remote_id, "aborted on the decode side")
         for remote, p in list(self.fetching.items()):
             if p.request_id == request_id:  # the late manifest is refused on arrival; the sender is told now
                 del self.fetching[remote]
@@ -178,6 +188,7 @@ class DecodeSide:
         self.receiver.ack(p.address, Ack(p.remote_id, True))
         self.counters.transfers += 1
         self.counters.bytes += sum(len(x) for x in payloads)
+        self.counters.cached_tokens += msg.start
         self.counters.transfer_s += self.clock() - p.fetched
         return first
 
