@@ -148,6 +148,8 @@ class ForwardContext:
     @cached_property
     def context_lens(self) -> list[int]:
         """[B] tokens in each sequence's caches after this step (computed once per step)."""
+        if self.static is not None:
+            raise RuntimeError("a static decode step keeps its lengths on the device (static.context_lens)")
         return [c + n for c, n in zip(self.cached_lens, self.seq_lens)]
 
     @cached_property
@@ -193,6 +195,12 @@ def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
         yield ctx
     finally:
         _ACTIVE = None
+
+
+def in_static_decode() -> bool:
+    """Whether the active forward (if any) is a static decode step: ops without a context argument (the routed
+    experts) take their fixed-shape forms then."""
+    return _ACTIVE is not None and _ACTIVE.static is not None
 
 
 def get_forward_context() -> ForwardContext:
