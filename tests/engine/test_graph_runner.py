@@ -8,9 +8,14 @@ decode forward under ``CaptureCheck`` (so any host sync in the forward fails the
   bucket of exactly B) within 1e-5 (CPU fp32 GEMMs round a row differently with the row count, so not bit for
   bit), and changes exactly the step's own MLA slots and KDA rows, plus the dummy block and row;
 * steps the graphs do not cover (prefill chunks, more rows than max_batch) run eager;
-* one-line refusals (CUDA graphs on a CPU device, with speculative decoding)."""
+* one-line refusals (CUDA graphs on a CPU device, with speculative decoding);
+* on a GPU only (``K3SERVE_TEST_DEVICE=cuda``, benchmarks/gpu_check.sh): real CUDA graphs equal the stand-in
+  (the same static forward run eagerly at the same buckets) bit for bit, tokens and logprobs, in fp32 and bf16,
+  and the eager engine's tokens in fp32. Never run on this project's CPU machines."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -23,6 +28,7 @@ from k3serve.engine.step_inputs import StepInputs
 from k3serve.models.cache import cache_spec
 
 MAX_BATCH = 8
+ON_GPU = os.environ.get("K3SERVE_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
 
 
 def _engine(tiny, graphs: str, **cfg) -> LLMEngine:
@@ -171,3 +177,24 @@ def test_refusals_in_one_line(tiny):
 
     with pytest.raises(ValueError, match=r"^cuda_graphs: not supported with speculative decoding"):
         EngineConfig(cuda_graphs="standin", speculative_config=SpeculativeConfig.parse('{"method": "ngram"}'))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs K3SERVE_TEST_DEVICE=cuda and a GPU (benchmarks/gpu_check.sh)")
+@pytest.mark.parametrize("name", ["kimi-linear-tiny-random", "k3-tiny-random"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graphs_equal_eager_on_gpu(name, dtype):
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 2000, (int(n),), generator=g).tolist() for n in torch.randint(2, 60, (MAX_BATCH,), generator=g)]
+    max_tokens = [1, 2, 3, 5, 6, 8, 9, 12]  # buckets 8, 4, 2 and 1 as the batch shrinks
+    outs = {}
+    for mode in ("on", "standin", "off"):
+        e = LLMEngine(name, device="cuda", dtype=dtype,
+                      config=EngineConfig(kv_cache_memory=32 * 2**20, max_model_len=128, cuda_graphs=mode,
+                                          cuda_graph_max_batch=MAX_BATCH, cuda_graph_max_context=96))
+        outs[mode] = _run(e, prompts, max_tokens)
+        if mode == "on":
+            assert all(n > 0 for n in e.runner.graphs.replays.values()), e.runner.graphs.replays
+    for a, b in zip(outs["on"], outs["standin"]):  # replay == the same kernels run eagerly, bit for bit
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    if dtype == torch.float32:
+        assert [o.token_ids for o in outs["on"]] == [o.token_ids for o in outs["off"]]
