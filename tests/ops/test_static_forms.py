@@ -120,3 +120,24 @@ def test_grouped_combine_is_not_capture_safe():
     w13, w2 = torch.randn(16, 8, 8, generator=g), torch.randn(16, 8, 4, generator=g)
     with pytest.raises(HostSyncError), torch.inference_mode(), CaptureCheck():
         grouped_expert_combine(torch.randn(40, 8, generator=g), weights, ids, w13, w2, silu_and_mul)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_kda_decode_step_is_capture_safe(backend):
+    """The KDA decode step (conv update, norms, gate, recurrence; states in place) is fixed-shape already: it
+    runs under the check as it is, torch form and (where built) the native CPU kernel."""
+    from k3serve.ops import native, registry
+
+    if backend == "cpu" and not native.available():
+        pytest.skip("native CPU kernels not built")
+    N, H, K, W = 3, 2, 16, 4
+    g = torch.Generator().manual_seed(11)
+    qkv, conv_w = torch.randn(N, 3 * H * K, generator=g), torch.randn(3 * H * K, W, generator=g)
+    conv_state, state = torch.randn(N, 3 * H * K, W - 1, generator=g), torch.randn(N, H, K, K, generator=g) * 0.1
+    f, b = torch.randn(N, H, K, generator=g), torch.randn(N, H, generator=g)
+    dt_bias, a_log = torch.randn(H * K, generator=g), torch.randn(H, generator=g)
+    before = state.clone()
+    with torch.inference_mode(), CaptureCheck("KDA decode step"):
+        o = registry.get("kda_decode_step", backend)(qkv, conv_w, conv_state, f, dt_bias, a_log, b, state,
+                                                     lower_bound=None)
+    assert o.shape == (N, H, K) and not torch.equal(state, before)
