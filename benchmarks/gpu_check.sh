@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one device check (issue 45, acceptance 4); every result goes to $OUT (default ./gpu_check_out).
 #
-#   benchmarks/gpu_check.sh           on a GPU machine: backend parity on cuda, CUDA graphs vs eager, the
-#                                     engine on cuda (tests/engine/test_device.py), tiny-config throughput vs
-#                                     HF transformers on the same GPU. Budget: under 8 minutes on one H100.
+#   benchmarks/gpu_check.sh           on a GPU machine: backend parity on cuda, CUDA graphs vs eager (ops, and
+#                                     the engine's decode: tests/engine/test_graph_runner.py), the engine on
+#                                     cuda (tests/engine/test_device.py), tiny-config throughput vs HF
+#                                     transformers on the same GPU. Budget: under 8 minutes on one H100.
 #   benchmarks/gpu_check.sh --cpu     the same script end to end on a CPU box: Triton kernels under the
 #                                     interpreter (TRITON_INTERPRET=1), a short throughput run; NOT a GPU measurement.
 #
@@ -13,7 +14,7 @@
 # `pip download flash-linear-attention fla-core einops transformers -d shared/wheels`) and they are installed
 # from there with --no-index first. A missing package skips its steps and says so in summary.txt.
 # Files: env.txt, summary.txt (one line per step: name, exit code, seconds), <step>.log, parity.xml /
-# graphs.xml / device.xml (junit), throughput.json.
+# graphs.xml / engine_graphs.xml / device.xml (junit), throughput.json.
 set -u
 MODE=gpu
 case "${1:-}" in
@@ -88,6 +89,11 @@ have fla || echo "fla parity skipped: flash-linear-attention not installed (test
 
 # 2. CUDA graphs: replay == eager at every bucket including 1 (skips itself without a GPU)
 step graphs 120 "${PYTEST[@]}" tests/engine/test_cuda_graphs.py --junitxml="$OUT/graphs.xml" -rs
+
+# 2b. the engine's decode through graphs (engine/graph_runner.py): on a GPU real CUDA graphs == the same static
+# forward run eagerly, bit for bit, at every bucket including 1 (and == the eager engine's tokens in fp32); on
+# CPU the stand-in under the host-sync check == the eager engine
+step engine_graphs 240 "${PYTEST[@]}" tests/engine/test_graph_runner.py --junitxml="$OUT/engine_graphs.xml" -rs
 
 # 3. the whole engine on the device (fp32 and bf16 logprobs against the CPU fp32 run)
 if [ "$MODE" = gpu ]; then

@@ -15,6 +15,13 @@ With speculative decoding on, ``spec`` names the step's decode rows (1 + k token
 token and k drafts); the KDA layers run them through the per-token decode step under ``spec`` (which can roll
 back the state of rejected drafts) whatever the batch's shape.
 
+Static decode (``static``, a ``StaticDecode``): a decode step over fixed-shape device buffers, the form a CUDA
+graph captures (``engine/graph_runner.py``). Every row adds one token; ``b`` rows (the padded bucket), each with
+``max_blocks`` block-table columns; the lengths and cache slots live only in device tensors, so nothing is read
+back to the host and no shape depends on the data. The layers then take their fixed-shape forms (MLA
+``ops/mla/masked.py``, routed experts ``ops/moe/gathered.py``, KDA's decode step with gathered state rows); the
+host-side fields (``cached_lens``, ``context_lens``) are placeholders that must not be read.
+
 ``ModelCaches.workspace`` hands out reusable scratch buffers for large per-step temporaries (the MLA decode
 latent gather): a fresh multi-MiB tensor every step costs page faults on CPU, a kept buffer does not.
 
@@ -57,6 +64,20 @@ class ModelCaches:
 
 
 @dataclass
+class StaticDecode:
+    """The device-side layout of a static decode step of ``b`` rows (row i of the bucket; padding rows point at
+    a reserved dummy block and state slot, so their writes touch no request's cache)."""
+
+    context_lens: torch.Tensor  # [b] int64, tokens in each row's MLA cache after the step (>= 1)
+    slot_mapping: torch.Tensor  # [b] int64, flat MLA cache slot of each row's new token
+    max_blocks: int  # block-table columns per row (fixed at capture: the longest context the graph serves)
+
+    @property
+    def batch(self) -> int:
+        return self.context_lens.shape[0]
+
+
+@dataclass
 class ForwardContext:
     cu_seqlens: torch.Tensor  # [B+1] int64, offsets of each sequence's new tokens in the packed batch
     cached_lens: list[int]  # [B] tokens already cached before this step
@@ -71,6 +92,8 @@ class ForwardContext:
     # speculative decoding's eagle3 drafter: ``{layer index: None}`` asks the model to fill in each listed
     # layer's output hidden state ``[N, d]`` (the residual stream after it); None (the default): nothing kept
     capture: dict | None = None
+    # a static decode step (fixed shapes, no host reads): see the module docstring; None: the ordinary step
+    static: StaticDecode | None = None
     seq_lens: list[int] = field(init=False)  # [B] new tokens per sequence
     slot_mapping: torch.Tensor = field(init=False)  # [N] flat MLA cache slot of each new token
     has_initial_state: torch.Tensor = field(init=False)  # [B] bool, sequence continues cached state
@@ -80,6 +103,9 @@ class ForwardContext:
     step_memo: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.static is not None:
+            self._static_layout()
+            return
         cu = self.host_cu_seqlens = self.cu_seqlens.tolist() if self.host_cu_seqlens is None else self.host_cu_seqlens
         self.seq_lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
         if len(self.cached_lens) != len(self.seq_lens):
@@ -97,6 +123,20 @@ class ForwardContext:
         # the batched single-step paths apply only when this holds
         self.is_decode = all(n == 1 for n in self.seq_lens) and all(c > 0 for c in self.cached_lens)
 
+    def _static_layout(self) -> None:
+        """The fields of a static decode step: shapes from ``static``, device data from its tensors (no syncs)."""
+        b = self.static.batch
+        if self.block_tables.shape != (b, self.static.max_blocks) or self.state_slots.shape != (b,):
+            raise ValueError(f"static decode: block_tables must be [{b}, {self.static.max_blocks}] and "
+                             f"state_slots [{b}], got {tuple(self.block_tables.shape)} and {tuple(self.state_slots.shape)}")
+        if self.spec is not None or self.capture is not None:
+            raise ValueError("static decode: no speculative rows or captured hidden states")
+        self.host_cu_seqlens = list(range(b + 1))
+        self.seq_lens = [1] * b
+        self.slot_mapping = self.static.slot_mapping
+        self.has_initial_state = torch.ones(b, dtype=torch.bool, device=self.block_tables.device)
+        self.is_decode = True
+
     @property
     def batch_size(self) -> int:
         return len(self.seq_lens)
@@ -108,11 +148,15 @@ class ForwardContext:
     @cached_property
     def context_lens(self) -> list[int]:
         """[B] tokens in each sequence's caches after this step (computed once per step)."""
+        if self.static is not None:
+            raise RuntimeError("a static decode step keeps its lengths on the device (static.context_lens)")
         return [c + n for c, n in zip(self.cached_lens, self.seq_lens)]
 
     @cached_property
     def context_lens_tensor(self) -> torch.Tensor:
         """``context_lens`` as an int64 tensor on the batch's device, shared by every layer of the step."""
+        if self.static is not None:
+            return self.static.context_lens
         return torch.tensor(self.context_lens, dtype=torch.long, device=self.block_tables.device)
 
     @cached_property
@@ -120,6 +164,8 @@ class ForwardContext:
         """``slice(0, B)`` when sequence i's KDA state is row i of the pool (the engine arranges this): the layers
         then update ``cache[:B]`` in place; None when they must gather ``state_slots``."""
         B = self.batch_size
+        if self.static is not None:  # padding rows share the dummy slot: always gather and scatter
+            return None
         if self.host_state_slots is not None:
             leading = self.host_state_slots == list(range(B))
         else:
@@ -149,6 +195,12 @@ def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
         yield ctx
     finally:
         _ACTIVE = None
+
+
+def in_static_decode() -> bool:
+    """Whether the active forward (if any) is a static decode step: ops without a context argument (the routed
+    experts) take their fixed-shape forms then."""
+    return _ACTIVE is not None and _ACTIVE.static is not None
 
 
 def get_forward_context() -> ForwardContext:

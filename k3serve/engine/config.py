@@ -29,6 +29,12 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
     eplb_interval: int = 0  # expert parallel: re-place the experts every N forward steps (0: never)
     eplb_redundant_experts: int = 0  # extra expert slots per MoE layer for the hottest experts' replicas
+    # decode steps through captured graphs (engine/graph_runner.py): "off" (eager), "on" (CUDA graphs, a CUDA
+    # device only) or "standin" (the CPU stand-in: the same static-buffer forward, re-run under a host-sync
+    # check; for tests and checks, not a speedup); buckets up to max_batch rows, contexts up to max_context
+    cuda_graphs: str = "off"
+    cuda_graph_max_batch: int = 32
+    cuda_graph_max_context: int = 8192
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
@@ -48,6 +54,14 @@ class EngineConfig:
                "must be at most 64 bytes")
         _check(self.eplb_interval >= 0 and self.eplb_redundant_experts >= 0, "eplb_interval",
                "eplb_interval and eplb_redundant_experts must be >= 0")
+        _check(self.cuda_graphs in ("off", "on", "standin"), "cuda_graphs",
+               f"must be 'off', 'on' or 'standin', got {self.cuda_graphs!r}")
+        _check(self.cuda_graph_max_batch >= 1, "cuda_graph_max_batch", f"must be >= 1, got {self.cuda_graph_max_batch}")
+        _check(self.cuda_graph_max_context >= 2, "cuda_graph_max_context",
+               f"must be >= 2, got {self.cuda_graph_max_context}")
+        _check(self.cuda_graphs == "off" or self.speculative_config is None, "cuda_graphs",
+               "not supported with speculative decoding yet (its verify rows are not static decode rows): "
+               "run eager (--enforce-eager)")
         _check(self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig),
                "speculative_config", "must be a SpeculativeConfig (SpeculativeConfig.parse reads the JSON form)")
 

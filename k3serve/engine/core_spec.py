@@ -49,6 +49,9 @@ class CoreSpec(msgspec.Struct, frozen=True):
     dp_address: str = "127.0.0.1"  # host 0's data-parallel RPC address (it listens there, the others connect)
     dp_rpc_port: int = 29550
     client_timeout_s: float = 0.0  # > 0: exit after this long without a message from the client (remote cores)
+    cuda_graphs: str = "off"  # decode steps from captured graphs: off | on | standin (EngineConfig)
+    cuda_graph_max_batch: int = 32
+    cuda_graph_max_context: int = 8192
 
     def layout(self):
         from k3serve.core.distributed import ParallelLayout
@@ -99,7 +102,9 @@ def build_engine(spec: CoreSpec, par=None, group=None, hash_key: bytes = b""):
                           kv_cache_memory=spec.kv_cache_memory, enable_prefix_caching=spec.enable_prefix_caching,
                           state_cache_interval=spec.state_cache_interval,
                           max_model_len=spec.max_model_len, hash_key=hash_key, eplb_interval=spec.eplb_interval,
-                          eplb_redundant_experts=spec.eplb_redundant_experts,
+                          eplb_redundant_experts=spec.eplb_redundant_experts, cuda_graphs=spec.cuda_graphs,
+                          cuda_graph_max_batch=spec.cuda_graph_max_batch,
+                          cuda_graph_max_context=spec.cuda_graph_max_context,
                           speculative_config=None if spec.speculative_config is None
                           else SpeculativeConfig.parse(spec.speculative_config))
     # one process runs SINGLE unless it is asked to compute in pieces (the arithmetic of -tp N)

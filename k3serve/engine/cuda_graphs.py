@@ -9,10 +9,10 @@ padding row writes only its own scratch row). Everything the step reads from the
 is frozen at capture: the step must not sync (``.item()``, ``.tolist()``, ``bincount`` on CUDA) or branch on
 tensor values, which ``torch.cuda.graph`` refuses at capture anyway.
 
-Status: the mechanism and its replay == eager check (tests/engine/test_cuda_graphs.py, benchmarks/gpu_check.sh)
-cover capture-safe decode ops (the KDA decode step, the Triton MXFP4 expert combine). The engine does not use it
-yet: the model's decode forward reads lengths and counts back to the host (MLA ``plan_decode``, the torch MoE
-forms' expert counts), so ``check_cuda_graphs`` refuses ``cuda_graphs`` on every device.
+Status: this is the op-level mechanism, checked replay == eager on a GPU for capture-safe decode ops (the KDA
+decode step, the Triton MXFP4 expert combine: tests/engine/test_cuda_graphs.py, benchmarks/gpu_check.sh). The
+engine's decode path is ``engine/graph_runner.py`` (its forward is the static decode step of
+``core.context.StaticDecode``); ``buckets`` and ``check_cuda_graphs`` serve both.
 """
 
 from __future__ import annotations
@@ -34,17 +34,13 @@ def buckets(max_batch: int) -> list[int]:
     return out
 
 
-def check_cuda_graphs(device: str | torch.device, *, engine: bool = False) -> None:
-    """Refuse CUDA graphs in one line where they cannot run (not a CUDA device), or, for the engine, at all
-    (its decode forward is not capture-safe yet: see the module docstring)."""
+def check_cuda_graphs(device: str | torch.device) -> None:
+    """Refuse CUDA graphs in one line where they cannot run (not a CUDA device, or no GPU here)."""
     d = torch.device(device)
     if d.type != "cuda":
         raise ValueError(f"cuda_graphs: needs a CUDA device, got {str(d)!r} (leave CUDA graphs off)")
     if not torch.cuda.is_available():
         raise ValueError("cuda_graphs: no CUDA GPU is available here")
-    if engine:
-        raise ValueError("cuda_graphs: the engine's decode forward is not capture-safe yet (MLA plan_decode and "
-                         "the torch MoE forms read lengths back to the host); run eager")
 
 
 class DecodeGraphs:

@@ -122,10 +122,32 @@ class LLMEngine:
                                   rollback=None if speculative is None else speculative.rollback,
                                   eplb=(self.config.eplb_interval, self.config.eplb_redundant_experts),
                                   capture_layers=speculator.capture_layers if speculator is not None else ())
+        if config.cuda_graphs != "off":
+            self.runner.graphs = self._graph_runner(model, caches, device, par, group)
         self._arrivals = 0
         self.num_steps = 0
         self.num_dummy_steps = 0
         self.num_generated_tokens = 0
+
+    def _graph_runner(self, model: nn.Module, caches, device: str, par: Parallel, group: TPGroup | None):
+        """Decode steps through captured graphs (``engine/graph_runner.py``), every bucket captured now; one-line
+        refusals for what they do not support."""
+        from k3serve.engine.cuda_graphs import check_cuda_graphs
+        from k3serve.engine.graph_runner import CudaGraphs, GraphRunner, StandinGraphs
+
+        config = self.config
+        if config.cuda_graphs == "on":
+            check_cuda_graphs(device)
+        if par.sharded or par.ep > 1 or group is not None:
+            raise ValueError("cuda_graphs: not supported with tensor, piece or expert parallelism yet (-tp/-ep/"
+                             "--tp-pieces > 1): run eager (--enforce-eager)")
+        graphs = GraphRunner(model, caches, device, vocab_size=self.vocab_size, dummy_block=self.dummy_block,
+                             dummy_row=lambda: self.runner.state_rows.rows([self.dummy_slot])[0],
+                             max_batch=min(config.cuda_graph_max_batch, config.max_num_seqs),
+                             max_context=min(config.cuda_graph_max_context, self.max_model_len),
+                             mechanism=CudaGraphs() if config.cuda_graphs == "on" else StandinGraphs())
+        graphs.capture_all()
+        return graphs
 
     def step(self) -> list[RequestOutput]:
         """One engine iteration; returns an output for every request that produced tokens or finished."""

@@ -16,6 +16,9 @@ Speculative decoding (``rollback`` set; one rank only): the batch's decode rows 
 drafts; the KDA layers run them under a ``spec.rollback`` strategy, logits are computed at each of their
 positions, ``spec.rejection.verify_drafts`` picks the accepted drafts and the next token, and the rollback
 commits the state after the accepted tokens before any snapshot copy reads it.
+
+CUDA graphs (``graphs`` set, a ``graph_runner.GraphRunner``): a plain decode step it accepts replays its
+bucket's graph instead of the eager forward (same copies and settle before and after); the rest run eager.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class ModelRunner:
         # models with a vision tower get image embeddings scattered into their placeholder positions
         vision = placeholder_id is not None and hasattr(model, "vision_tower")
         self.images = ImageEmbedder(model, placeholder_id) if vision else None
+        self.graphs = None  # a GraphRunner when decode steps replay captured graphs (set by the engine)
 
     def copy_slots(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
@@ -135,6 +139,9 @@ class ModelRunner:
         before the snapshot copies read the states."""
         self.copy_slots(s.copies_before)
         self.state_rows.arrange(s.slots)
+        if rollback is None and self.graphs is not None and self.graphs.accepts(s):
+            logits, ctx = self.graphs.run(s, self.state_rows.rows(s.slots))
+            return self._finish(s, logits if s.logit_rows else None, [], ctx, settle)
         ctx = self.context(s, rollback)
         with forward_context(ctx):
             input_ids = long_tensor(s.input_ids, self.device)
@@ -144,6 +151,10 @@ class ModelRunner:
                 hidden = self.model(input_ids, ctx, image_embeds=s.image_embeds.to(self.device))
             logits = self.model.compute_logits(hidden[s.logit_rows]) if s.logit_rows else None
             spans = [self.model.compute_logits(hidden[first:first + num]) for first, num in s.prompt_spans]
+        return self._finish(s, logits, spans, ctx, settle)
+
+    def _finish(self, s: StepInputs, logits: torch.Tensor | None, spans: list[torch.Tensor], ctx: ForwardContext,
+                settle) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         if settle is not None:
             settle(ctx, logits)
         self.copy_slots(s.copies_after)

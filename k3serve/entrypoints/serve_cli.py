@@ -21,7 +21,7 @@ import socket
 
 from k3serve.core.kv_auth import KEY_ENV as KV_KEY_ENV
 from k3serve.core.kv_auth import MIN_SECRET_CHARS
-from k3serve.entrypoints import parallel_cli
+from k3serve.entrypoints import graphs_cli, parallel_cli
 from k3serve.entrypoints.generate_cli import DEFAULT_MODEL, add_download_arguments
 
 API_KEY_ENV = "K3SERVE_API_KEY"  # like vLLM's VLLM_API_KEY: a key on the command line is visible to `ps`
@@ -164,6 +164,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         '"max_running" (speculation backs off above this many running requests, default 32; 4 for '
                         'draft_model/eagle3)')
     parallel_cli.add_arguments(p)
+    graphs_cli.add_arguments(p)
 
 
 def server_config(args: argparse.Namespace):
@@ -198,7 +199,7 @@ def server_config(args: argparse.Namespace):
               "state_cache_interval": args.state_cache_interval,
               "device": args.device, "seed": args.seed,
               "log_stats_interval": 0.0 if args.disable_log_stats else args.log_stats_interval,
-              "speculative_config": args.speculative_config}
+              "speculative_config": args.speculative_config, **graphs_cli.check_graphs(args)}
     if args.gpu_memory_utilization is not None and args.kv_cache_memory is not None:
         raise ValueError("--kv-cache-memory and --gpu-memory-utilization: give one of them")
     if args.gpu_memory_utilization is not None:

@@ -5,7 +5,7 @@ x ``[N, d]`` packed tokens of the active ``ForwardContext``:
   [c̃ | k_rot] = W_kva x;  c = RMSNorm(c̃)                                   ``[N, C + R]`` -> paged cache
   o = attention over the cached latents   ``[N, H, Dv]``: absorbed (batched) for every sequence that adds one
       token to a cached context and every token of a speculative verify row, expanded (per sequence) for
-      prefill chunks
+      prefill chunks; in a static decode step (``ForwardContext.static``) the fixed-shape masked form
   K3: o <- o ⊙ sigmoid(W_g x)   (gate from the layer *input*)
   out = W_o o
 The latent norms use eps 1e-6 as in the official code (engines use rms_norm_eps; negligible).
@@ -97,7 +97,10 @@ class MLAttention(nn.Module):
         """Piece ``p``'s heads (queries ``q`` ``[N, h, Dn + R]``) -> its o_proj partial ``[N, d]``."""
         N, h = x.shape[0], q.shape[1]
         kv_b = self.kv_b_proj.piece_weight(p)
-        if ctx.is_decode:
+        if ctx.static is not None:  # fixed-width tables, lengths as a mask: nothing read back (CUDA graphs)
+            o = registry.get("mla_decode_static")(q, cache, ctx.block_tables, ctx.static.context_lens, kv_b,
+                                                  nope_dim=self.nope_dim, v_dim=self.v_dim, scale=self.scale)
+        elif ctx.is_decode:
             o = self._decode(q, cache, ctx, ctx.block_tables, ctx.context_lens_tensor, max(ctx.context_lens), kv_b)
         else:
             o = self._prefill(q, latents, cache, ctx, kv_b)

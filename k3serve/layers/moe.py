@@ -8,6 +8,8 @@ x ``[N, d]``:
   out = routed + shared_experts(x)
 Routed experts stay in their checkpoint form: ``[E, 2I, D]`` / ``[E, D, I]`` dense, or MXFP4 packed
 (uint8 codes ``[E, rows, cols/2]`` + E8M0 scales ``[E, rows, cols/32]``), the hit experts dequantised per call.
+In a static decode step (CUDA graphs) the routed experts take the gathered forms (``*_static`` ops): no counts
+read back to the host.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from k3serve.core.config import TextConfig
+from k3serve.core.context import in_static_decode
 from k3serve.core.distributed import SINGLE, Parallel
 from k3serve.layers.activation import make_glu
 from k3serve.layers.norm import KimiRMSNorm
@@ -122,11 +125,14 @@ class RoutedExperts(nn.Module):
 
     def forward(self, u: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """u ``[N, D]``, weights/ids ``[N, k]`` -> ``Σ_k w·expert(u)`` ``[N, D]`` accumulated in fp32."""
+        static = "_static" if in_static_decode() else ""
         if not self.mxfp4:
+            if static:
+                return registry.get("expert_combine_static")(u, weights, ids, self.w13, self.w2, self.glu)
             return registry.get("expert_combine")(u, weights, ids, self.w13, self.w2, self.glu,
                                                   w13_t=self._w13_t([self.w13]), w2_t=self._w2_t([self.w2]))
         # Packed experts stay packed; the op dequantises only the experts this batch hits, a bounded group at once.
-        return registry.get("mxfp4_expert_combine")(u, weights, ids, self.w13_packed, self.w13_scale, self.w2_packed,
+        return registry.get("mxfp4_expert_combine" + static)(u, weights, ids, self.w13_packed, self.w13_scale, self.w2_packed,
                                                     self.w2_scale, self.glu, act_quant=self.act_quant)
 
 
