@@ -106,6 +106,12 @@ class Speculator:
         k = min(k, req.max_tokens - req.num_output_tokens - 1, req.max_model_len - req.num_tokens - 1, budget - 1)
         return max(k, 0)
 
+    def release(self, request_id: str) -> None:
+        """``request_id`` finished: a drafter keeping per-request state (``draft_model``) drops it."""
+        release = getattr(self.drafter, "release", None)
+        if release is not None:
+            release(request_id)
+
     def propose(self, req: Request, k: int) -> list[int]:
         if k <= 0:
             return []
