@@ -34,7 +34,7 @@ from k3serve.engine.eplb_schedule import ExpertRebalancer
 from k3serve.engine.multimodal import ImageEmbedder
 from k3serve.engine.request import Batch
 from k3serve.engine.sampler import sample, token_logprobs
-from k3serve.engine.spec.rejection import accept_greedy, is_plain_greedy, verify_drafts
+from k3serve.engine.spec.rejection import accept_greedy, cut_at_stop, is_plain_greedy, verify_drafts
 from k3serve.engine.spec.rollback import STRATEGIES, Rollback
 from k3serve.engine.state_rows import StateRows
 from k3serve.engine.step_inputs import StepInputs
@@ -204,7 +204,7 @@ class ModelRunner:
         for i in ctx.spec.rows:
             T, req = batch.num_new_tokens[i], batch.requests[i]
             if is_plain_greedy(req):
-                tokens, lps = accept_greedy(targets[at - first:at - first + T], batch.drafts[i]), None
+                tokens, lps = cut_at_stop(req, accept_greedy(targets[at - first:at - first + T], batch.drafts[i])), None
             else:
                 tokens, lps = verify_drafts(logits[at:at + T], req, batch.drafts[i])
             at += T

@@ -256,6 +256,16 @@ def check_engine_flags(args: argparse.Namespace, model_path: str) -> dict:
         name, _, why = str(e).partition(": ")
         raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name, '')}: {why}") from None
     model_config = ModelConfig.from_file(model_path)
+    if args.speculative_config is not None:  # a draft model or head that does not fit: one line, no process
+        from k3serve.engine.spec.speculator import check_fits
+
+        text = model_config.text
+        try:
+            check_fits(SpeculativeConfig.parse(args.speculative_config), text.vocab_size, text.hidden_size,
+                       text.num_hidden_layers)
+        except ValueError as e:
+            why = str(e).removeprefix("speculative_config: ")
+            raise ValueError(f"--speculative-config {args.speculative_config}: {why}") from None
     limit = model_config.text.max_position_embeddings
     if args.max_model_len is not None and args.max_model_len > limit:
         raise ValueError(f"--max-model-len {args.max_model_len}: longer than the model's "

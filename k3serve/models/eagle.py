@@ -76,15 +76,17 @@ class EagleHead(nn.Module):
         x = x + self.down(nn.functional.silu(self.gate(m)) * self.up(m))
         return self.lm_head(self.norm_o(x)), x
 
-    def save(self, out: Path) -> None:
+    def save(self, out: str | Path) -> None:
+        out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps({"architecture": "eagle3", **asdict(self.cfg)}, indent=1))
         save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
                   str(out / "model.safetensors"))
 
-    @classmethod
-    def load(cls, path: str | Path, device: torch.device | str = "cpu") -> EagleHead:
-        """From a directory ``save`` wrote; ValueError with one line when it is not one."""
+    @staticmethod
+    def read_config(path: str | Path) -> EagleConfig:
+        """The config of the head ``save`` wrote in ``path`` (no weights read); ValueError with one line when
+        there is none."""
         path = Path(path)
         try:
             raw = json.loads((path / "config.json").read_text())
@@ -93,9 +95,15 @@ class EagleHead(nn.Module):
         if raw.pop("architecture", None) != "eagle3":
             raise ValueError(f"eagle head {str(path)!r}: config.json is not an eagle3 head's")
         try:
-            head = cls(EagleConfig(**raw))
+            return EagleConfig(**raw)
         except TypeError as e:
             raise ValueError(f"eagle head {str(path)!r}: bad config.json ({e})") from None
+
+    @classmethod
+    def load(cls, path: str | Path, device: torch.device | str = "cpu") -> EagleHead:
+        """From a directory ``save`` wrote; ValueError with one line when it is not one."""
+        path = Path(path)
+        head = cls(cls.read_config(path))
         weights = path / "model.safetensors"
         if not weights.is_file():
             raise ValueError(f"eagle head {str(path)!r}: model.safetensors is missing")

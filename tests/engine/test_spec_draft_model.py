@@ -94,3 +94,19 @@ def test_a_draft_model_with_another_vocabulary_is_one_error(eh):
 def test_bad_configs(raw, msg):
     with pytest.raises(ValueError, match=msg):
         SpeculativeConfig.parse(raw)
+
+
+def test_finished_requests_give_their_draft_seat_back(eh):
+    engine = eh.make_engine(eh.get_model("k3-tiny-random"),
+                            speculative_config=SpeculativeConfig(method="draft_model", model="k3-tiny-random"))
+    drafter = engine.scheduler.speculator.drafter
+    free = len(drafter.free)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    engine.add_request("a", PROMPTS[0], params)
+    engine.add_request("b", PROMPTS[1], params)
+    for _ in range(3):  # prefills, then verify rows: each request takes a seat
+        engine.step()
+    assert len(drafter.free) == free - 2 and set(drafter.seats) == {"a", "b"}
+    engine.abort_request("a")
+    eh.drain(engine)
+    assert len(drafter.free) == free and not drafter.seats

@@ -45,3 +45,20 @@ def test_speculative_server_matches_plain(server_factory, openai_server):
     assert _metric(spec, "vllm:spec_decode_num_drafts_total") > 0
     assert _metric(spec, "vllm:spec_decode_num_draft_tokens_total") >= _metric(
         spec, "vllm:spec_decode_num_accepted_tokens_total")
+
+
+def test_a_draft_model_through_http_matches_plain(server_factory, openai_server):
+    """k3-default (same vocabulary, other weights: some drafts accepted, some not) drafting for the served
+    model: greedy completions, plain and streamed, equal the plain server's."""
+    draft = server_factory("--api-contract", "openai", "--speculative-config",
+                           '{"method": "draft_model", "model": "k3-default", "num_speculative_tokens": 3}')
+    assert _complete(draft) == _complete(openai_server)
+    body = {"model": MODEL, "prompt": PROMPT + " alpha", "max_tokens": 16, "temperature": 0, "stream": True}
+    texts = []
+    for s in (draft, openai_server):
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, headers=s.headers, timeout=60) as r:
+            assert r.status_code == 200
+            chunks = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+        texts.append("".join(c["choices"][0]["text"] for c in chunks))
+    assert texts[0] == texts[1] and texts[0]
+    assert _metric(draft, "vllm:spec_decode_num_draft_tokens_total") > 0

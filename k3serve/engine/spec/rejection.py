@@ -13,7 +13,9 @@ speculative sampling (Leviathan et al. / Chen et al.) reads:
   * temperature > 0: accept draft d with probability p(d) (one uniform); on rejection draw from the residual
     ``norm(max(0, p - q))`` = p with d removed; with every draft accepted draw the bonus from p.
 
-Every emitted token is thus distributed exactly as without speculation. Uniforms come from the request's own
+An accepted draft that ends the request (EOS or a stop id, past ``min_tokens``; ``is_stop``) ends the row's
+tokens too: the drafts after it are not looked at (a grammar would fail on tokens past its end), emitted or
+committed to the state. Every emitted token is thus distributed exactly as without speculation. Uniforms come from the request's own
 generator when it has a seed (reproducible for a seed and configuration), else from torch's global one.
 Returns the emitted tokens (accepted drafts, then one more) and, when the request asked, their logprobs.
 """
@@ -84,6 +86,24 @@ def is_plain_greedy(req: Request) -> bool:
             and req.num_output_tokens >= p.min_tokens)
 
 
+def is_stop(req: Request, token: int, num_output: int) -> bool:
+    """Whether ``token``, as the request's ``num_output``-th output token, ends it with "stop" (the rule of
+    ``scheduler.stop_reason``)."""
+    p = req.params
+    if num_output <= p.min_tokens:
+        return False
+    return (not p.ignore_eos and token in req.eos_token_ids) or token in p.stop_token_ids
+
+
+def cut_at_stop(req: Request, tokens: list[int]) -> list[int]:
+    """``tokens`` (a row's accepted drafts, then the next token) up to and including the first that stops."""
+    n = req.num_output_tokens
+    for j, t in enumerate(tokens):
+        if is_stop(req, t, n + j + 1):
+            return tokens[:j + 1]
+    return tokens
+
+
 def accept_greedy(targets: list[int], drafts: list[int]) -> list[int]:
     """The emitted tokens of a plain greedy row whose argmax at each position is ``targets``."""
     out = []
@@ -106,6 +126,8 @@ def verify_drafts(logits: torch.Tensor, req: Request, drafts: list[int]) -> tupl
             target = int(row.argmax())
             if j < len(drafts) and target == drafts[j]:
                 out.append(target)
+                if is_stop(req, target, req.num_output_tokens + j + 1):
+                    break
                 continue
             out.append(target)
             break
@@ -114,6 +136,8 @@ def verify_drafts(logits: torch.Tensor, req: Request, drafts: list[int]) -> tupl
             d = drafts[j]
             if _uniform(req.generator) < float(probs[d]):
                 out.append(d)
+                if is_stop(req, d, req.num_output_tokens + j + 1):
+                    break
                 continue
             probs = probs.clone()
             probs[d] = 0.0  # the residual max(0, p - q) for a one-hot q

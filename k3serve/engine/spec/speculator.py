@@ -32,20 +32,44 @@ class Target:
     max_num_seqs: int = 1024
 
 
+def check_fits(config: SpeculativeConfig, vocab_size: int, hidden_size: int, num_layers: int) -> None:
+    """ValueError with one line when ``config``'s draft model or eagle3 head does not fit a target of this
+    shape (another vocabulary; a head reading another hidden size or layers the target lacks). Reads config
+    files only: the server runs it before any process starts."""
+    if config.method == "draft_model":
+        from k3serve.core.config import ModelConfig
+        from k3serve.models.registry import resolve_model_path
+
+        vocab = ModelConfig.from_file(resolve_model_path(config.model)).text.vocab_size
+        if vocab != vocab_size:
+            raise ValueError(f"speculative_config: draft model {config.model!r} has a vocabulary of {vocab} "
+                             f"tokens, the target {vocab_size}: they must share the tokenizer")
+    elif config.method == "eagle3":
+        from k3serve.models.eagle import EagleHead
+
+        try:
+            cfg = EagleHead.read_config(config.model)
+        except ValueError as e:
+            raise ValueError(f"speculative_config: {e}") from None
+        where = f"speculative_config: eagle3 head {config.model!r}"
+        if cfg.vocab_size != vocab_size:
+            raise ValueError(f"{where} has a vocabulary of {cfg.vocab_size} tokens, the target {vocab_size}")
+        if cfg.hidden_size != hidden_size:
+            raise ValueError(f"{where} reads hidden size {cfg.hidden_size}, the target's is {hidden_size}")
+        if max(cfg.feature_layers) >= num_layers:
+            raise ValueError(f"{where} reads layer {max(cfg.feature_layers)}, the target has {num_layers}")
+
+
 def make_model_drafter(config: SpeculativeConfig, target: Target):
     """The ``draft_model`` or ``eagle3`` drafter of ``config``; ValueError with one line when its model does
     not fit the target (another vocabulary)."""
     if config.method == "draft_model":
-        from k3serve.core.config import ModelConfig
         from k3serve.engine.spec.draft_model import DraftModelDrafter
         from k3serve.models.loader import load_model
         from k3serve.models.registry import resolve_model_path
 
         path = resolve_model_path(config.model)
-        vocab = ModelConfig.from_file(path).text.vocab_size  # checked before any weight is read
-        if vocab != target.vocab_size:
-            raise ValueError(f"speculative_config: draft model {config.model!r} has a vocabulary of {vocab} "
-                             f"tokens, the target {target.vocab_size}: they must share the tokenizer")
+        check_fits(config, target.vocab_size, 0, 0)  # before any weight is read
         model, _ = load_model(path, dtype=target.dtype, progress=False, device=target.device)
         return DraftModelDrafter(model, max_requests=min(config.max_running, target.max_num_seqs), max_len=target.max_model_len,
                                  max_drafts=config.num_speculative_tokens, dtype=target.dtype, device=target.device)
@@ -81,6 +105,12 @@ class Speculator:
         # the window appends up to k + 1 tokens: all must fit max_tokens and max_model_len
         k = min(k, req.max_tokens - req.num_output_tokens - 1, req.max_model_len - req.num_tokens - 1, budget - 1)
         return max(k, 0)
+
+    def release(self, request_id: str) -> None:
+        """``request_id`` finished: a drafter keeping per-request state (``draft_model``) drops it."""
+        release = getattr(self.drafter, "release", None)
+        if release is not None:
+            release(request_id)
 
     def propose(self, req: Request, k: int) -> list[int]:
         if k <= 0:
