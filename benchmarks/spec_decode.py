@@ -1,8 +1,8 @@
 """Speculative decoding through the server: mean acceptance length and per-request decode speed with and
 without each drafter, on a tool-calling and a code-editing workload, at batch 1; and batch-64 throughput.
 
-For each configuration (off, ngram, suffix; eagle3 with ``--head DIR``, a head from ``k3serve spec train``;
-draft_model with ``--draft-model NAME``) a server is started with the package's default model
+For each configuration (off, ngram, suffix; eagle3 and eagle_suffix with the head shipped for k3-default, or
+``--head DIR``, a head from ``k3serve spec train``; draft_model with ``--draft-model NAME``) a server is started with the package's default model
 (``k3-default``) and ``--speculative-config``; the same greedy chat requests go to each:
   * tool: held-out tool-calling tasks (``training.tasks``: the call's arguments copy spans of the request);
   * edit: a short Python file and an instruction to return it with one identifier renamed.
@@ -10,7 +10,7 @@ Batch 1: requests one after another, streamed; decode tokens/s of a request = (t
 - first token time), averaged over requests. Batch 64: ``--batch`` requests at once, output tokens / wall time.
 Mean acceptance length = 1 + accepted drafts / verify rows, read from /metrics before and after.
 
-    python benchmarks/spec_decode.py --n 8 --batch 64
+    python benchmarks/spec_decode.py --n 8 --batch 64 --configs off,suffix,eagle3,eagle_suffix --k 6
 """
 
 from __future__ import annotations
@@ -143,18 +143,19 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the server")
     ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--configs", default="off,ngram,suffix", help="comma-separated subset of " + ",".join(CONFIGS)
-                    + ",eagle3,draft_model")
-    ap.add_argument("--head", default=None, help="eagle3: the head's directory (k3serve spec train --out)")
+    ap.add_argument("--configs", default="off,ngram,suffix,eagle3,eagle_suffix",
+                    help="comma-separated subset of " + ",".join(CONFIGS) + ",eagle3,eagle_suffix,draft_model")
+    ap.add_argument("--head", default=None, help="eagle3 / eagle_suffix: the head's directory (k3serve spec train "
+                    "--out; default: the one shipped with k3-default)")
     ap.add_argument("--draft-model", default=None, help="draft_model: a model sharing k3-default's vocabulary")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens of the model drafters")
     ap.add_argument("--max-running", type=int, default=None,
                     help="the model drafters' max_running (speculation backs off above it; default: the engine's)")
     args = ap.parse_args()
     extra = {} if args.max_running is None else {"max_running": args.max_running}
-    if args.head:
-        CONFIGS["eagle3"] = json.dumps({"method": "eagle3", "model": args.head, "num_speculative_tokens": args.k,
-                                        **extra})
+    head = {"model": args.head} if args.head else {}
+    for method in ("eagle3", "eagle_suffix"):
+        CONFIGS[method] = json.dumps({"method": method, **head, "num_speculative_tokens": args.k, **extra})
     if args.draft_model:
         CONFIGS["draft_model"] = json.dumps({"method": "draft_model", "model": args.draft_model,
                                              "num_speculative_tokens": args.k, **extra})

@@ -111,3 +111,18 @@ def test_cpu_install_imports_no_gpu_extra():
             "assert sys.modules['triton'] is None and sys.modules['fla'] is None\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_the_shipped_eagle3_head_is_package_data():
+    """k3-default's eagle3 head (found by ``{"method": "eagle3"}`` without a path) must land in the wheel:
+    every file of it matches a ``[tool.setuptools.package-data]`` pattern."""
+    import fnmatch
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        patterns = tomllib.load(f)["tool"]["setuptools"]["package-data"]["k3serve"]
+    head = PACKAGE / "models" / "weights" / "k3-default" / "eagle3"
+    files = sorted(p for p in head.iterdir() if p.is_file())
+    assert {p.name for p in files} >= {"config.json", "model.safetensors", "README.md"}
+    for p in files:
+        rel = p.relative_to(PACKAGE).as_posix()
+        assert any(fnmatch.fnmatch(rel, pat.replace("**/", "*/")) for pat in patterns), rel

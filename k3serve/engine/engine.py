@@ -62,6 +62,7 @@ class LLMEngine:
         check_device(device)
         from k3serve.models.loader import load_model, place_model
 
+        model_dir = None if isinstance(model, nn.Module) else model  # a shipped eagle3 head lives there
         if isinstance(model, nn.Module):
             if model_config is None:
                 raise ValueError("model_config: required when passing a model object")
@@ -112,7 +113,7 @@ class LLMEngine:
         speculator = None
         if speculative is not None:
             speculator = Speculator(speculative, Target(model, self.vocab_size, self.max_model_len, dtype, device,
-                                                config.max_num_seqs))
+                                                        config.max_num_seqs, model_dir))
         self.scheduler = Scheduler(max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    state_cache_interval=config.state_cache_interval,

@@ -157,8 +157,8 @@ class Scheduler:
             self.waiting.remove(req)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         del self.requests[req.request_id]
-        if self.speculator is not None:  # a model drafter gives the request's seat back
-            self.speculator.release(req.request_id)
+        if self.speculator is not None:  # seat back to a model drafter, output to suffix's response cache
+            self.speculator.finished(req)
 
     def abort(self, request_id: str) -> Request | None:
         req = self.requests.get(request_id)

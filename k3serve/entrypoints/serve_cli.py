@@ -160,9 +160,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\'; methods: ngram (prompt lookup), '
-                        'suffix (suffix matching over prompt + output); also "rollback" (slots | replay) and '
-                        '"max_running" (speculation backs off above this many running requests, default 32; 4 for '
-                        'draft_model/eagle3)')
+                        'suffix (suffix decoding over prompt + output and earlier responses), draft_model '
+                        '("model": a small checkpoint), eagle3 and eagle_suffix (the eagle3 head, "model": its '
+                        'directory, default: the one shipped with the target; eagle_suffix takes the better-scored '
+                        'of head and suffix drafts, "min_draft_prob" 0.2, "eagle_max_running" 4); also "rollback" '
+                        '(slots | replay) and "max_running" (speculation backs off above this many running '
+                        'requests, default 32; 4 for draft_model/eagle3)')
     parallel_cli.add_arguments(p)
     graphs_cli.add_arguments(p)
 

@@ -87,7 +87,7 @@ def test_a_draft_model_with_another_vocabulary_is_one_error(eh):
 
 @pytest.mark.parametrize("raw,msg", [
     ('{"method": "draft_model"}', "needs 'model'"),
-    ('{"method": "ngram", "model": "x"}', "'model' applies to draft_model and eagle3 only"),
+    ('{"method": "ngram", "model": "x"}', "'model' applies to draft_model, eagle3, eagle_suffix only"),
     ('{"method": "medusa"}', "unknown method 'medusa'"),
     ('{"method": "draft_model", "model": "x", "num_speculative_tokens": -1}', "must be an integer >= 0"),
 ])

@@ -5,10 +5,8 @@ code being edited, JSON echoed back).
 ``propose(token_ids, k) -> list[int]`` (length 0..k; zero drafts is an ordinary outcome):
   * ``NgramDrafter`` (prompt lookup, vLLM's ``ngram``): for n from ``max_n`` down to ``min_n``, find the most
     recent earlier occurrence of the last n tokens and propose the k tokens after it.
-  * ``SuffixDrafter`` (suffix decoding): the longest suffix of the tokens (up to ``max_match``) that occurs
-    earlier, then a walk down the implicit suffix tree of its occurrences: at each depth the continuation most
-    occurrences agree on (ties: the most recent), stopping when fewer than ``min_support`` of the surviving
-    occurrences agree. The match index is a vectorised scan (numpy) of the request's tokens per step.
+  * ``SuffixDrafter`` (suffix decoding, ``suffix.py``): the longest suffix match in the request's own text and
+    in a global cache of earlier responses, then a walk down the implicit suffix tree of its occurrences.
 """
 
 from __future__ import annotations
@@ -17,6 +15,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+
+from k3serve.engine.spec.suffix import SuffixDrafter
 
 
 class Drafter(Protocol):
@@ -59,40 +59,6 @@ class NgramDrafter:
                 e = int(ends[-1])  # the most recent occurrence
                 return a[e + 1:e + 1 + k].tolist()
         return []
-
-
-class SuffixDrafter:
-    def __init__(self, max_match: int = 32, min_match: int = 1, min_support: float = 0.5):
-        if not 1 <= min_match <= max_match or not 0 < min_support <= 1:
-            raise ValueError("suffix drafter: need 1 <= min_match <= max_match and 0 < min_support <= 1")
-        self.max_match, self.min_match, self.min_support = max_match, min_match, min_support
-
-    def propose(self, token_ids: Sequence[int], k: int) -> list[int]:
-        L = len(token_ids)
-        if k <= 0 or L < 2:
-            return []
-        a = np.asarray(token_ids, dtype=np.int64)
-        m = match_lengths(a, self.max_match)
-        best = int(m.max()) if m.size else 0
-        if best < self.min_match:
-            return []
-        ends = np.flatnonzero(m == best)  # the occurrences of the longest matching suffix
-        out: list[int] = []
-        for d in range(k):
-            nxt = ends + 1 + d
-            nxt = nxt[nxt < L]
-            if not nxt.size:
-                break
-            tokens = a[nxt]
-            values, counts = np.unique(tokens, return_counts=True)
-            top = counts.max()
-            if top < self.min_support * tokens.size:
-                break
-            tied = values[counts == top]
-            tok = int(tokens[np.isin(tokens, tied)][-1])  # among the most agreed, the most recent
-            out.append(tok)
-            ends = ends[: len(nxt)][tokens == tok]
-        return out
 
 
 def make_drafter(method: str, *, prompt_lookup_min: int, prompt_lookup_max: int) -> Drafter:

@@ -7,11 +7,16 @@ still takes the verify path (``rollback.Rollback``); drafts are never a special 
 
 Drafters without a model see only the request's tokens (``propose(token_ids, k)``); the model drafters
 (``draft_model``, ``eagle3``) keep per-request state and see the request (``propose_for(req, k)``).
+``eagle_suffix`` asks both the eagle3 head and the suffix drafter and keeps the drafts with the higher score
+(expected accepted drafts, ``suffix.py`` / ``eagle.py``); above ``eagle_max_running`` running requests only the
+suffix drafter is asked (its cost per row is a numpy scan, the head's k small forwards).
+Finished requests' outputs go to the drafter's ``finished`` hook (the suffix drafter's global response cache).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -30,6 +35,18 @@ class Target:
     dtype: torch.dtype = torch.float32
     device: torch.device | str = "cpu"
     max_num_seqs: int = 1024
+    model_dir: str | Path | None = None  # the target's name or checkpoint path (where a shipped head lives)
+
+
+def default_head(target: Target) -> Path:
+    """The eagle3 head shipped with the target (``<checkpoint>/eagle3``); ValueError when there is none."""
+    from k3serve.models.registry import resolve_model_path
+
+    head = resolve_model_path(target.model_dir) / "eagle3" if target.model_dir is not None else None
+    if head is None or not (head / "config.json").is_file():
+        raise ValueError("speculative_config: no eagle3 head ships with this model; give 'model' (a head from "
+                         "k3serve spec train)")
+    return head
 
 
 def check_fits(config: SpeculativeConfig, vocab_size: int, hidden_size: int, num_layers: int) -> None:
@@ -75,7 +92,29 @@ def make_model_drafter(config: SpeculativeConfig, target: Target):
                                  max_drafts=config.num_speculative_tokens, dtype=target.dtype, device=target.device)
     from k3serve.engine.spec.eagle import EagleDrafter
 
-    return EagleDrafter.load(config.model, target.model, target.vocab_size, device=target.device)
+    path = config.model if config.model is not None else default_head(target)
+    return EagleDrafter.load(path, target.model, target.vocab_size, device=target.device,
+                             min_prob=config.min_draft_prob)
+
+
+class EagleSuffixDrafter:
+    """``eagle_suffix``: per row, the better-scored drafts of an eagle3 head and a suffix drafter."""
+
+    def __init__(self, eagle, suffix, eagle_max_running: int):
+        self.eagle, self.suffix, self.eagle_max_running = eagle, suffix, eagle_max_running
+        self.capture_layers = eagle.capture_layers
+        self.num_running = 0  # set by ``Speculator.limit`` each step
+
+    def propose_for(self, req, k: int) -> list[int]:
+        drafts, score = self.suffix.propose_scored(req.token_ids, k)
+        if self.num_running <= self.eagle_max_running:
+            other = self.eagle.propose_scored(req, k)
+            if other[1] > score:
+                drafts = other[0]
+        return drafts
+
+    def finished(self, output_token_ids) -> None:
+        self.suffix.finished(output_token_ids)
 
 
 class Speculator:
@@ -88,6 +127,10 @@ class Speculator:
             if target is None:
                 raise ValueError(f"speculative_config: method {config.method!r} needs the target model")
             self.drafter = make_model_drafter(config, target)
+            if config.method == "eagle_suffix":
+                suffix = make_drafter("suffix", prompt_lookup_min=config.prompt_lookup_min,
+                                      prompt_lookup_max=config.prompt_lookup_max)
+                self.drafter = EagleSuffixDrafter(self.drafter, suffix, config.eagle_max_running)
         self.num_backoff_steps = 0  # steps in which the batch size turned speculation off
 
     @property
@@ -102,6 +145,8 @@ class Speculator:
             return 0
         if num_running > self.config.max_running:
             return 0
+        if isinstance(self.drafter, EagleSuffixDrafter):
+            self.drafter.num_running = num_running
         # the window appends up to k + 1 tokens: all must fit max_tokens and max_model_len
         k = min(k, req.max_tokens - req.num_output_tokens - 1, req.max_model_len - req.num_tokens - 1, budget - 1)
         return max(k, 0)
@@ -119,3 +164,11 @@ class Speculator:
         if propose_for is not None:
             return propose_for(req, k)[:k]
         return self.drafter.propose(req.token_ids, k)[:k]
+
+    def finished(self, req: Request) -> None:
+        """``req`` left the engine: a model drafter gives its seat back; its output feeds drafters that learn
+        from responses (suffix's cache)."""
+        self.release(req.request_id)
+        hook = getattr(self.drafter, "finished", None)
+        if hook is not None and req.output_token_ids:
+            hook(req.output_token_ids)
