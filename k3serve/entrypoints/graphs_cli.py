@@ -1,8 +1,9 @@
 """``k3serve serve`` CUDA-graph flags: decode steps replayed from graphs captured at startup
 (``engine/graph_runner.py``), one per batch-size bucket (1, 2, 4, ..., --cuda-graph-max-batch).
 
-Default: on with ``--device cuda`` (where the layout supports them), off on CPU. ``--enforce-eager`` turns them
-off; ``--cuda-graphs`` asks for them and refuses, in one line, what they do not support yet: a CPU device,
+Default: off (eager), until the device check (``benchmarks/gpu_check.sh``, step engine_graphs) has passed on a
+real GPU: the graph runner is proven on CPU only (the stand-in under ``CaptureCheck``). ``--enforce-eager`` says
+so explicitly; ``--cuda-graphs`` asks for them and refuses, in one line, what they do not support yet: a CPU device,
 tensor / data / expert parallelism, --tp-pieces > 1, speculative decoding, a prefill/decode role. Decode steps
 wider than --cuda-graph-max-batch rows or with a context over --cuda-graph-max-context tokens, and every
 prefill step, run eager.
@@ -19,8 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("CUDA graphs (decode steps replayed from graphs captured at startup)")
     m = g.add_mutually_exclusive_group()
     m.add_argument("--cuda-graphs", action="store_true",
-                   help="replay decode steps from CUDA graphs (the default with --device cuda when the layout "
-                        "supports them: one rank, no speculation); refused where not supported")
+                   help="replay decode steps from CUDA graphs (needs --device cuda, one rank, no speculation; off by "
+                        "default until checked on a GPU); refused where not supported")
     m.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs: every step runs eager")
     g.add_argument("--cuda-graph-max-batch", type=int, default=MAX_BATCH, metavar="ROWS",
                    help="largest decode batch replayed from a graph (graphs for 1, 2, 4, ... up to this, capped "
@@ -57,6 +58,6 @@ def check_graphs(args: argparse.Namespace) -> dict:
             raise ValueError(f"--cuda-graphs: needs --device cuda, got {args.device!r} (CPU steps run eager)")
         if why is not None:
             raise ValueError(f"--cuda-graphs: not supported with {why} yet; use --enforce-eager")
-    mode = "on" if on_cuda and not args.enforce_eager and why is None else "off"
+    mode = "on" if args.cuda_graphs else "off"
     return {"cuda_graphs": mode, "cuda_graph_max_batch": args.cuda_graph_max_batch,
             "cuda_graph_max_context": args.cuda_graph_max_context}

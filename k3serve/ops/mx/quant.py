@@ -58,9 +58,16 @@ def _check(x: torch.Tensor, name: str, rule: str | None = None) -> None:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
 
 
+@cache
+def _lut(name: str, device: torch.device) -> torch.Tensor:
+    """The constant table ``name`` on ``device``, copied there once: a host -> device copy on every call would
+    also be a host sync inside a captured CUDA-graph decode step (``engine/capture_check.py`` refuses those)."""
+    return {"e8m0": E8M0_TO_F32, "twice_mag": _TWICE_MAG_TO_CODE}[name].to(device)
+
+
 def _pow2(e: torch.Tensor) -> torch.Tensor:
     """2^e as float32 for integer e in [-127, 127]."""
-    return E8M0_TO_F32.to(e.device)[(e + E8M0_BIAS).long()]
+    return _lut("e8m0", e.device)[(e + E8M0_BIAS).long()]
 
 
 def _scale_exponent(amax: torch.Tensor, elem: _Element, rule: str) -> torch.Tensor:
@@ -101,7 +108,7 @@ def _quantize(x: torch.Tensor, elem: _Element, rule: str) -> tuple[torch.Tensor,
 
 
 def _e2m1_codes(values: torch.Tensor) -> torch.Tensor:
-    mag_code = _TWICE_MAG_TO_CODE.to(values.device)[(values.abs() * 2).long()]
+    mag_code = _lut("twice_mag", values.device)[(values.abs() * 2).long()]
     return mag_code | (torch.signbit(values).to(torch.uint8) << 3)
 
 
@@ -198,7 +205,7 @@ def mxfp8_dequantize(
     _check_scale(scale, codes.shape, codes.shape[-1])
     values = codes.view(torch.float8_e4m3fn).float()
     values = values.reshape(*codes.shape[:-1], codes.shape[-1] // BLOCK, BLOCK)
-    x = values * E8M0_TO_F32.to(codes.device)[scale.long()].unsqueeze(-1)
+    x = values * _lut("e8m0", codes.device)[scale.long()].unsqueeze(-1)
     return x.reshape(codes.shape).to(dtype)
 
 
@@ -210,4 +217,4 @@ def mxfp8_fake_quant(x: torch.Tensor, rule: str = "rceil") -> torch.Tensor:
 
 def _scaled_back(values: torch.Tensor, scale: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Grid values ``[..., K/32, 32]`` times their blocks' scales, in ``like``'s shape and dtype."""
-    return (values * E8M0_TO_F32.to(like.device)[scale.long()].unsqueeze(-1)).reshape(like.shape).to(like.dtype)
+    return (values * _lut("e8m0", like.device)[scale.long()].unsqueeze(-1)).reshape(like.shape).to(like.dtype)
