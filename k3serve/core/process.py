@@ -136,3 +136,17 @@ def stop_processes(procs: list[subprocess.Popen], timeout: float = 10.0) -> None
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def supervise(procs: list[subprocess.Popen]) -> int:
+    """Run until one of ``procs`` exits or this process is told to stop (SIGTERM/SIGINT), then stop them all;
+    0, or 1 when any of them failed. What a host that only runs ranks or replicas for another host does."""
+    try:
+        with on_stop_signals():
+            while all(p.poll() is None for p in procs):
+                time.sleep(0.2)
+    except Stopped:
+        pass
+    failed = any(p.poll() not in (None, 0) for p in procs)
+    stop_processes(procs)
+    return 1 if failed else 0

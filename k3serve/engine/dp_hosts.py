@@ -143,7 +143,7 @@ def run_host_replicas(spec, node: int) -> int:
     """Host ``node`` > 0 of ``-dp D --nnodes N``: start its replicas' engine cores (each starts its tp ranks),
     connected to host 0; wait until they end. Exit 0 when host 0 stopped them, 1 when one failed (the others
     are stopped then)."""
-    from k3serve.core.process import Stopped, compute_env, on_stop_signals, stop_processes
+    from k3serve.core.process import compute_env, supervise
 
     per = replicas_per_host(spec.dp_replicas, spec.dp_nnodes)
     timeout = float(os.environ.get(CLIENT_TIMEOUT_ENV, SILENCE_S))
@@ -157,12 +157,4 @@ def run_host_replicas(spec, node: int) -> int:
         where.append(f"{d} ({in_addr.rsplit(':', 1)[1]}/{out_addr.rsplit(':', 1)[1]})")
     print(f"k3serve: host {node} runs data-parallel replicas {', '.join(where)}, each -tp "
           f"{spec.tensor_parallel_size}, reaching host 0 at {spec.dp_address}", flush=True)
-    try:
-        with on_stop_signals():
-            while all(p.poll() is None for p in procs):
-                time.sleep(0.2)
-    except Stopped:
-        pass
-    failed = any(p.poll() not in (None, 0) for p in procs)
-    stop_processes(procs)
-    return 1 if failed else 0
+    return supervise(procs)

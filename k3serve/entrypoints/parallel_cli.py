@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_RPC_PORT = 29550  # engine/dp_hosts.py (not imported here: the engine pulls in torch)
@@ -155,7 +154,7 @@ def run_ranks_only(config, node_rank: int) -> int:
     rank 0 stopped them, 1 when one failed: the others are stopped too); a torchrun rank > 0 is one itself."""
     import msgspec
 
-    from k3serve.core.process import Stopped, on_stop_signals, stop_processes
+    from k3serve.core.process import supervise
     from k3serve.engine.core import CoreSpec
     from k3serve.engine.ranks import host_ranks, spawn_workers
     from k3serve.engine.worker import run_worker
@@ -173,12 +172,4 @@ def run_ranks_only(config, node_rank: int) -> int:
     print(f"k3serve: host {node} runs tensor-parallel ranks "
           f"{', '.join(str(r) for r in host_ranks(spec.tensor_parallel_size, spec.nnodes, node))}, meeting at "
           f"{spec.master_addr}:{spec.master_port}", flush=True)
-    try:
-        with on_stop_signals():
-            while all(p.poll() is None for p in procs):
-                time.sleep(0.2)
-    except Stopped:
-        pass
-    failed = any(p.poll() not in (None, 0) for p in procs)
-    stop_processes(procs)
-    return 1 if failed else 0
+    return supervise(procs)
