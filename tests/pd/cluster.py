@@ -33,9 +33,10 @@ def _healthy(url: str) -> bool:
 
 @contextmanager
 def cluster(model: str, engine: list[str], log_path, *, two_by_two: bool = True, both: bool = True,
-            handoff_timeout: float = 60, timeout: float = 900):
+            handoff_timeout: float = 60, timeout: float = 900, role_flags: dict[str, list[str]] | None = None):
     """Yield {"both", "prefill", "decode", "router", "pd22"} URLs ("pd22" only with ``two_by_two``, "both" only
-    with ``both``) and, under "procs", the server processes by name."""
+    with ``both``) and, under "procs", the server processes by name. ``role_flags``: more flags for one role's
+    server (e.g. {"prefill": ["-tp", "2"]})."""
     log = open(log_path, "wb")
     procs: list[subprocess.Popen] = []
 
@@ -50,7 +51,7 @@ def cluster(model: str, engine: list[str], log_path, *, two_by_two: bool = True,
             port = free_port()
             urls[role] = f"http://127.0.0.1:{port}"
             start("serve", model, "--port", str(port), "--role", role, "--handoff-timeout", str(handoff_timeout),
-                  *engine)
+                  *engine, *(role_flags or {}).get(role, []))
             by_name[role] = procs[-1]
         port = free_port()
         urls["router"] = f"http://127.0.0.1:{port}"

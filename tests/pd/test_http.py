@@ -7,16 +7,13 @@ workers (`serve --prefill-replicas 2 --decode-replicas 2`) answer concurrent req
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+
+from tests.pd.cluster import cluster, metric
 
 pytestmark = pytest.mark.slow  # four servers, three engines: ~30 s idle, minutes on a loaded machine
 MODEL = "k3-tiny-random"
@@ -24,62 +21,18 @@ ENGINE = ["--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-to
           "--gpu-memory-utilization", "0.02"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(args: list[str], log) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "k3serve", *args], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def _wait(urls: list[str], procs: list, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    for url in urls:
-        while True:
-            assert all(p.poll() is None for p in procs), "a server exited while starting"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"{url} did not start"
-            time.sleep(0.5)
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    # eight engine processes in all (the 2+2 among them): minutes on a loaded 2-core box
+    with cluster(MODEL, ENGINE, tmp_path_factory.mktemp("pd") / "servers.log", handoff_timeout=5,
+                 timeout=600) as urls:
+        yield urls
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    log = (tmp_path_factory.mktemp("pd") / "servers.log").open("wb")
-    ports = [free_port() for _ in range(4)]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    procs = []
-    try:
-        for port, role in zip(ports[:3], ("both", "prefill", "decode")):
-            procs.append(_start(["serve", MODEL, "--port", str(port), "--role", role, "--handoff-timeout", "5",
-                                 *ENGINE], log))
-        _wait(urls[:3], procs)
-        procs.append(_start(["route", "--port", str(ports[3]), "--prefill", urls[1], "--decode", urls[2]], log))
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(urls[3] + "/health", timeout=2)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline
-                time.sleep(0.3)
-        yield dict(zip(("both", "prefill", "decode", "router"), urls))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-        log.close()
+def two_by_two(servers):
+    """`serve --prefill-replicas 2 --decode-replicas 2`: four workers behind one prefill/decode router."""
+    return servers["pd22"]
 
 
 def _completion(url: str, prompt: list[int], stream: bool) -> tuple[list[int], list[dict]]:
@@ -110,23 +63,16 @@ def _same(got, want) -> None:
         assert list(a) == list(b) and max(abs(a[k] - b[k]) for k in a) <= 1e-5
 
 
-def _metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in /metrics")
-
-
 def test_router_prefill_decode_equals_one_server(servers):
     first = list(range(300, 337))
     second = first + list(range(500, 520))  # the decode worker holds first's 2 full blocks
     for prompt in (first, second):
         for stream in (False, True):
             _same(_completion(servers["router"], prompt, stream), _completion(servers["both"], prompt, stream))
-    assert _metric(servers["decode"], "k3serve:handoff_transfers_total") == 4
-    assert _metric(servers["decode"], "k3serve:handoff_bytes_total") > 0
+    assert metric(servers["decode"], "k3serve:handoff_transfers_total") == 4
+    assert metric(servers["decode"], "k3serve:handoff_bytes_total") > 0
     deadline = time.monotonic() + 10
-    while _metric(servers["prefill"], "k3serve:handoffs_held") or _metric(servers["prefill"],
+    while metric(servers["prefill"], "k3serve:handoffs_held") or metric(servers["prefill"],
                                                                           "vllm:kv_cache_usage_perc"):
         assert time.monotonic() < deadline, "the prefill worker still holds hand-offs"
         time.sleep(0.5)
@@ -143,38 +89,6 @@ def test_bad_kv_transfer_params_are_400(servers):
     assert r.status_code == 400
 
 
-@pytest.fixture(scope="module")
-def two_by_two(tmp_path_factory, servers):
-    """`serve --prefill-replicas 2 --decode-replicas 2`: four workers behind one prefill/decode router."""
-    log = (tmp_path_factory.mktemp("pd22") / "servers.log").open("wb")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = _start(["serve", MODEL, "--port", str(port), "--prefill-replicas", "2", "--decode-replicas", "2",
-                   "--handoff-timeout", "5", *ENGINE], log)
-    try:
-        deadline = time.monotonic() + 600  # eight processes start; minutes on a loaded 2-core box
-        while True:
-            assert proc.poll() is None, "serve --prefill-replicas 2 --decode-replicas 2 exited"
-            try:
-                workers = httpx.get(url + "/router/workers", timeout=2).json()
-                if all(httpx.get(w["url"] + "/health", timeout=2).status_code == 200
-                       for role in ("prefill", "decode") for w in workers[role]):
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the 2+2 workers did not start"
-            time.sleep(0.5)
-        yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-
-
 def test_two_prefill_two_decode_equal_one_server(two_by_two, servers):
     prompts = [list(range(100 + 7 * i, 100 + 7 * i + 20 + 9 * i)) for i in range(4)]  # 20..47 tokens
     with ThreadPoolExecutor(4) as pool:  # concurrent, so both workers of each role get requests
@@ -185,6 +99,6 @@ def test_two_prefill_two_decode_equal_one_server(two_by_two, servers):
     assert all(w["served_requests"] >= 1 for role in ("prefill", "decode") for w in workers[role]), workers
     deadline = time.monotonic() + 10
     for w in workers["prefill"]:
-        while _metric(w["url"], "k3serve:handoffs_held") or _metric(w["url"], "vllm:kv_cache_usage_perc"):
+        while metric(w["url"], "k3serve:handoffs_held") or metric(w["url"], "vllm:kv_cache_usage_perc"):
             assert time.monotonic() < deadline, f"prefill worker {w['url']} still holds hand-offs"
             time.sleep(0.5)

@@ -21,6 +21,7 @@ from k3serve.engine.messages import HandoffSource
 from k3serve.engine.pd.manifest import Manifest
 from k3serve.engine.pd.transport import Fetch, ZmqSender
 from k3serve.engine.sampling_params import SamplingParams
+from tests.pd.cluster import cluster
 
 pytestmark = pytest.mark.slow  # four engines, six processes per model: ~1 min each idle, minutes on a loaded box
 ENGINE = {"dtype": "float32", "kv_cache_memory": 16 * 2**20, "max_model_len": 256, "max_num_seqs": 4,
@@ -165,38 +166,6 @@ HTTP_ENGINE = ["--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batch
                "--gpu-memory-utilization", "0.02"]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(args: list[str], log):
-    import subprocess
-    import sys
-
-    return subprocess.Popen([sys.executable, "-m", "k3serve", *args], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def _wait_http(urls: list[str], procs: list, timeout: float = 300) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    for url in urls:
-        while True:
-            assert all(p.poll() is None for p in procs), "a server exited while starting"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"{url} did not start"
-            time.sleep(0.5)
-
-
 def _complete(url: str, prompt: list[int]) -> tuple[list[str], list[dict]]:
     import httpx
 
@@ -209,33 +178,10 @@ def _complete(url: str, prompt: list[int]) -> tuple[list[str], list[dict]]:
 
 
 def test_http_prefill_tp2_to_decode_tp1(tmp_path) -> None:
-    import os
-    import signal
-    import subprocess
-
-    ports = [_free_port() for _ in range(4)]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    procs = []
-    with (tmp_path / "servers.log").open("wb") as log:
-        try:
-            for port, extra in zip(ports[:3], (["--role", "both"], ["--role", "prefill", "-tp", "2"],
-                                               ["--role", "decode"])):
-                procs.append(_start(["serve", "k3-tiny-random", "--port", str(port), "--handoff-timeout", "20",
-                                     *extra, *HTTP_ENGINE], log))
-            _wait_http(urls[:3], procs)
-            procs.append(_start(["route", "--port", str(ports[3]), "--prefill", urls[1], "--decode", urls[2]], log))
-            _wait_http(urls[3:], procs, timeout=60)
-            for prompt in PROMPTS:
-                got, want = _complete(urls[3], prompt), _complete(urls[0], prompt)
-                assert got[0] == want[0]
-                for a, b in zip(got[1], want[1]):
-                    assert list(a) == list(b) and max(abs(a[k] - b[k]) for k in a) <= 1e-5
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGINT)
-            for p in procs:
-                try:
-                    p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
+    with cluster("k3-tiny-random", HTTP_ENGINE, tmp_path / "servers.log", two_by_two=False, handoff_timeout=20,
+                 timeout=300, role_flags={"prefill": ["-tp", "2"]}) as urls:
+        for prompt in PROMPTS:
+            got, want = _complete(urls["router"], prompt), _complete(urls["both"], prompt)
+            assert got[0] == want[0]
+            for x, y in zip(got[1], want[1]):
+                assert list(x) == list(y) and max(abs(x[k] - y[k]) for k in x) <= 1e-5
