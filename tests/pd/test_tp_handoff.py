@@ -3,8 +3,8 @@ prefill tp2 -> decode tp1 and prefill tp1 -> decode tp2 give the greedy tokens o
 top-20 logprobs within 1e-5, through a chunked prefill (16-token steps), for both KDA flavours (k3-tiny and
 kimi-linear-tiny). The prefill side's rank 0 gathers its ranks' KDA rows, the decode side's scatters them
 (engine/pd/rank_rows.py, reshard.py); a hand-off carries the full layout, so its checksums still catch one
-flipped byte on the way to a tp-2 decode side. Over HTTP: `serve --role prefill -tp 2` behind `route` with a tp-1
-decode worker answers like a `both` server."""
+flipped byte on the way to a tp-2 decode side. Over HTTP: `route` over a tp-2 prefill worker and a tp-1 decode
+worker, and over a tp-1 prefill worker and a tp-2 decode worker, answers like a `both` server."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def _serve_frames(frames: list[bytes], stop: threading.Event) -> str:
     return sender.address
 
 
-# over HTTP: `serve --role prefill -tp 2` -> `route` -> `serve --role decode` (tp 1), against a `both` server ----
+# over HTTP: `serve --role prefill` -> `route` -> `serve --role decode`, one of them -tp 2, against a `both` server ----
 
 HTTP_ENGINE = ["--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
                "--gpu-memory-utilization", "0.02"]
@@ -177,9 +177,10 @@ def _complete(url: str, prompt: list[int]) -> tuple[list[str], list[dict]]:
     return lp["tokens"], lp["top_logprobs"]
 
 
-def test_http_prefill_tp2_to_decode_tp1(tmp_path) -> None:
+@pytest.mark.parametrize("tp2", ["prefill", "decode"])
+def test_http_handoff_between_tp2_and_tp1(tmp_path, tp2: str) -> None:
     with cluster("k3-tiny-random", HTTP_ENGINE, tmp_path / "servers.log", two_by_two=False, handoff_timeout=20,
-                 timeout=300, role_flags={"prefill": ["-tp", "2"]}) as urls:
+                 timeout=300, role_flags={tp2: ["-tp", "2"]}) as urls:
         for prompt in PROMPTS:
             got, want = _complete(urls["router"], prompt), _complete(urls["both"], prompt)
             assert got[0] == want[0]
