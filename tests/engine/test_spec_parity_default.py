@@ -1,7 +1,7 @@
 """Acceptance 1 on k3-default (the shipped trained model): greedy outputs with speculation on equal those with
 it off for every drafter, in the mixed batch of ``spec_parity.scenario`` (prefill chunks beside verify rows, a
-prefix hit, an abort, a json_schema request). Preemption is covered on the tiny models
-(``test_spec_parity_grid``): this model's long prompts make a cache that preempts reliably hard to size. The prompts are tool-calling, copy and
+prefix hit, an abort, a json_schema request) and, slow, the same batch under preemption (a cache of the
+longest request and one block, 32-token chunks). The prompts are tool-calling, copy and
 JSON tasks, whose answers copy their prompts, so the n-gram and suffix drafts get accepted; the draft model is
 k3-default itself (accepted in full) or k3-tiny-fullvocab-random (same vocabulary, mostly rejected); the
 eagle3 head is random (rejected: every position's rollback is exercised). A rollback that keeps the rejected
@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from tests.engine.spec_parity import METHODS, NoRestore, random_head, scenario, spec
+from tests.engine.spec_parity import METHODS, NoRestore, preempting, random_head, scenario, spec
 
 MAX_NEW = 16
 MODEL = "k3-default"
@@ -82,3 +82,24 @@ def test_grid(eh, model, prompts, reference, head, method, k):
     draft = MODEL if k % 2 else "k3-tiny-fullvocab-random"
     _check(eh, model, prompts, reference, spec(method, k, draft=draft, head=head,
                                                rollback="replay" if k == 5 else "slots"))
+
+
+def PREEMPT(model, prompts) -> dict:
+    # 32-token chunks: requests are admitted by their first chunk's blocks, so later chunks and decodes run out
+    return preempting(model, prompts, MAX_NEW) | {"max_num_batched_tokens": 32}
+
+
+@pytest.fixture(scope="module")
+def preempt_reference(eh, model, prompts):
+    return scenario(eh, model, prompts, MAX_NEW, guided_prompt=prompts[3], **PREEMPT(model, prompts))[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_preemption(eh, model, prompts, preempt_reference, head, method):
+    # a cache that holds the longest request and one block more: requests are preempted and recomputed while
+    # they speculate; the other (mostly rejected) model drafts, so requests live long enough to be preempted
+    got, engine = scenario(eh, model, prompts, MAX_NEW, spec(method, 4, draft="k3-tiny-fullvocab-random", head=head),
+                           guided_prompt=prompts[3], **PREEMPT(model, prompts))
+    assert got == preempt_reference
+    assert engine.stats().num_preemptions > 0 and engine.scheduler.num_spec_rows > 0
