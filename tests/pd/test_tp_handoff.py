@@ -70,13 +70,8 @@ def _fetch_raw(address: str, rid: str) -> list[bytes]:
         ctx.term()
 
 
-def _serve_tampered(header: bytes, payloads: list[bytes], stop: threading.Event) -> str:
-    """A fake prefill worker answering every fetch with this manifest, its first KDA state flipped by one bit."""
-    manifest = msgspec.msgpack.decode(header, type=Manifest)
-    i = next(k for k, it in enumerate(manifest.items) if it.name.startswith("kda_state."))
-    bad = bytearray(payloads[i])
-    bad[len(bad) // 2] ^= 0x10
-    payloads = [*payloads[:i], bytes(bad), *payloads[i + 1:]]
+def _serve(manifest: Manifest, payloads: list[bytes], stop: threading.Event) -> str:
+    """A fake prefill worker answering every fetch with this manifest and these payloads, until ``stop``."""
     sender = ZmqSender()
 
     def run() -> None:
@@ -91,6 +86,20 @@ def _serve_tampered(header: bytes, payloads: list[bytes], stop: threading.Event)
 
     threading.Thread(target=run, daemon=True).start()
     return sender.address
+
+
+def _serve_tampered(header: bytes, payloads: list[bytes], stop: threading.Event) -> str:
+    """A fake prefill worker answering every fetch with this manifest, its first KDA state flipped by one bit."""
+    manifest = msgspec.msgpack.decode(header, type=Manifest)
+    i = next(k for k, it in enumerate(manifest.items) if it.name.startswith("kda_state."))
+    bad = bytearray(payloads[i])
+    bad[len(bad) // 2] ^= 0x10
+    return _serve(manifest, [*payloads[:i], bytes(bad), *payloads[i + 1:]], stop)
+
+
+def _serve_frames(frames: list[bytes], stop: threading.Event) -> str:
+    """A fake prefill worker answering every fetch with these frames as they are."""
+    return _serve(msgspec.msgpack.decode(frames[0], type=Manifest), frames[1:], stop)
 
 
 @pytest.mark.parametrize("model", ["k3-tiny-random", "kimi-linear-tiny-random"])
@@ -141,24 +150,6 @@ def test_handoff_across_tp_sizes(model: str) -> None:
     asyncio.run(main())
 
 
-def _serve_frames(frames: list[bytes], stop: threading.Event) -> str:
-    """A fake prefill worker answering every fetch with these frames as they are."""
-    manifest = msgspec.msgpack.decode(frames[0], type=Manifest)
-    sender = ZmqSender()
-
-    def run() -> None:
-        try:
-            while not stop.is_set():
-                for peer, msg in sender.receive():
-                    if isinstance(msg, Fetch):
-                        sender.send(peer, manifest, frames[1:])
-                time.sleep(0.01)
-        finally:
-            sender.close()
-
-    threading.Thread(target=run, daemon=True).start()
-    return sender.address
-
 
 # over HTTP: `serve --role prefill` -> `route` -> `serve --role decode`, one of them -tp 2, against a `both` server ----
 
@@ -182,7 +173,4 @@ def test_http_handoff_between_tp2_and_tp1(tmp_path, tp2: str) -> None:
     with cluster("k3-tiny-random", HTTP_ENGINE, tmp_path / "servers.log", two_by_two=False, handoff_timeout=20,
                  timeout=300, role_flags={tp2: ["-tp", "2"]}) as urls:
         for prompt in PROMPTS:
-            got, want = _complete(urls["router"], prompt), _complete(urls["both"], prompt)
-            assert got[0] == want[0]
-            for x, y in zip(got[1], want[1]):
-                assert list(x) == list(y) and max(abs(x[k] - y[k]) for k in x) <= 1e-5
+            _same(_complete(urls["router"], prompt), _complete(urls["both"], prompt))
