@@ -151,12 +151,6 @@ class Speculator:
         k = min(k, req.max_tokens - req.num_output_tokens - 1, req.max_model_len - req.num_tokens - 1, budget - 1)
         return max(k, 0)
 
-    def release(self, request_id: str) -> None:
-        """``request_id`` finished: a drafter keeping per-request state (``draft_model``) drops it."""
-        release = getattr(self.drafter, "release", None)
-        if release is not None:
-            release(request_id)
-
     def propose(self, req: Request, k: int) -> list[int]:
         if k <= 0:
             return []
@@ -168,7 +162,9 @@ class Speculator:
     def finished(self, req: Request) -> None:
         """``req`` left the engine: a model drafter gives its seat back; its output feeds drafters that learn
         from responses (suffix's cache)."""
-        self.release(req.request_id)
+        release = getattr(self.drafter, "release", None)  # drafters keeping per-request state (draft_model)
+        if release is not None:
+            release(req.request_id)
         hook = getattr(self.drafter, "finished", None)
         if hook is not None and req.output_token_ids:
             hook(req.output_token_ids)
